@@ -1,0 +1,1183 @@
+-- runledger 0001: the PostgreSQL contract.
+-- Tables, the trigger wall, the stored functions every worker and operator write goes
+-- through, audit views and roles. Frozen once merged: change things in a new revision.
+
+CREATE SCHEMA IF NOT EXISTS runledger;
+
+-- ---------------------------------------------------------------------------------
+-- Settings and the clock
+-- ---------------------------------------------------------------------------------
+
+-- One row. clock_offset exists for tests only: it shifts runledger.now() for every
+-- session of this database. Workers cannot write it (no table writes), so a stale
+-- worker cannot move the clock to keep its lease alive.
+CREATE TABLE runledger.settings (
+    singleton boolean PRIMARY KEY DEFAULT true,
+    max_payload_bytes integer NOT NULL DEFAULT 1048576,
+    clock_offset interval NOT NULL DEFAULT interval '0',
+    CONSTRAINT ck_settings_singleton CHECK (singleton),
+    CONSTRAINT ck_settings_max_payload_bytes CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
+);
+INSERT INTO runledger.settings DEFAULT VALUES;
+
+CREATE FUNCTION runledger.now() RETURNS timestamptz
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    SELECT clock_timestamp() + coalesce((SELECT s.clock_offset FROM runledger.settings s), interval '0')
+$$;
+
+-- ---------------------------------------------------------------------------------
+-- Tables
+-- ---------------------------------------------------------------------------------
+
+CREATE TABLE runledger.runs (
+    run_id text NOT NULL,
+    flow text NOT NULL,
+    flow_version text NOT NULL,
+    status text NOT NULL DEFAULT 'queued',
+    input jsonb NOT NULL,
+    state jsonb,
+    state_version bigint NOT NULL DEFAULT 0,
+    fencing_token bigint NOT NULL DEFAULT 0,
+    lease_id uuid,
+    lease_owner text,
+    lease_expires_at timestamptz,
+    claims integer NOT NULL DEFAULT 0,
+    stalled_claims integer NOT NULL DEFAULT 0,
+    priority integer NOT NULL DEFAULT 0,
+    available_at timestamptz NOT NULL,
+    pause_reason text,
+    result jsonb,
+    error jsonb,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    finished_at timestamptz,
+    CONSTRAINT pk_runs PRIMARY KEY (run_id),
+    CONSTRAINT ck_runs_run_id CHECK (run_id ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$'),
+    CONSTRAINT ck_runs_status CHECK (
+        status IN ('queued', 'running', 'paused', 'succeeded', 'failed', 'cancelled')),
+    CONSTRAINT ck_runs_input_object CHECK (jsonb_typeof(input) = 'object'),
+    CONSTRAINT ck_runs_state_object CHECK (state IS NULL OR jsonb_typeof(state) = 'object'),
+    CONSTRAINT ck_runs_lease_complete CHECK (
+        (lease_id IS NULL) = (lease_expires_at IS NULL)),
+    CONSTRAINT ck_runs_running_has_lease CHECK (
+        (status = 'running') = (lease_id IS NOT NULL)),
+    CONSTRAINT ck_runs_finished_at CHECK (
+        (status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL))
+);
+CREATE INDEX ix_runs_claimable ON runledger.runs (flow, flow_version, priority, created_at)
+    WHERE status IN ('queued', 'running');
+CREATE INDEX ix_runs_status ON runledger.runs (status);
+
+CREATE TABLE runledger.run_turns (
+    run_id text NOT NULL,
+    turn integer NOT NULL,
+    calls jsonb NOT NULL,
+    fencing_token bigint NOT NULL,
+    created_at timestamptz NOT NULL,
+    CONSTRAINT pk_run_turns PRIMARY KEY (run_id, turn),
+    CONSTRAINT fk_run_turns_run_id_runs FOREIGN KEY (run_id)
+        REFERENCES runledger.runs (run_id) ON DELETE CASCADE,
+    CONSTRAINT ck_run_turns_turn CHECK (turn >= 0),
+    CONSTRAINT ck_run_turns_calls_array CHECK (jsonb_typeof(calls) = 'array')
+);
+
+CREATE TABLE runledger.run_calls (
+    run_id text NOT NULL,
+    turn integer NOT NULL,
+    call_id text NOT NULL,
+    position integer NOT NULL,
+    tool text NOT NULL,
+    args jsonb NOT NULL,
+    idempotency_key text NOT NULL,
+    status text NOT NULL DEFAULT 'planned',
+    attempts integer NOT NULL DEFAULT 0,
+    result jsonb,
+    receipt jsonb,
+    error jsonb,
+    dispatched_token bigint,
+    completed_token bigint,
+    dispatched_by text,
+    completed_by text,
+    dispatched_at timestamptz,
+    completed_at timestamptz,
+    resolved_by text,
+    resolved_at timestamptz,
+    resolution_note text,
+    CONSTRAINT pk_run_calls PRIMARY KEY (run_id, turn, call_id),
+    CONSTRAINT uq_run_calls_idempotency_key UNIQUE (idempotency_key),
+    CONSTRAINT fk_run_calls_turn_run_turns FOREIGN KEY (run_id, turn)
+        REFERENCES runledger.run_turns (run_id, turn) ON DELETE CASCADE,
+    CONSTRAINT ck_run_calls_status CHECK (
+        status IN ('planned', 'dispatched', 'succeeded', 'failed', 'unknown')),
+    CONSTRAINT ck_run_calls_args_object CHECK (jsonb_typeof(args) = 'object'),
+    CONSTRAINT ck_run_calls_attempts CHECK (attempts >= 0),
+    CONSTRAINT ck_run_calls_key CHECK (idempotency_key = run_id || ':' || turn || ':' || call_id)
+);
+CREATE INDEX ix_run_calls_open ON runledger.run_calls (run_id)
+    WHERE status IN ('planned', 'dispatched', 'unknown');
+
+CREATE TABLE runledger.run_events (
+    event_id bigserial NOT NULL,
+    run_id text NOT NULL,
+    at timestamptz NOT NULL,
+    kind text NOT NULL,
+    actor text,
+    fencing_token bigint,
+    state_version bigint,
+    detail jsonb NOT NULL DEFAULT '{}'::jsonb,
+    CONSTRAINT pk_run_events PRIMARY KEY (event_id)
+);
+-- No foreign key: events outlive their run when prune_runs(..., keep_events => true).
+CREATE INDEX ix_run_events_run_id ON runledger.run_events (run_id, event_id);
+
+CREATE TABLE runledger.workers (
+    worker_id text NOT NULL,
+    hostname text NOT NULL,
+    pid integer NOT NULL,
+    flows text[] NOT NULL,
+    started_at timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL,
+    stopped_at timestamptz,
+    CONSTRAINT pk_workers PRIMARY KEY (worker_id)
+);
+
+-- ---------------------------------------------------------------------------------
+-- Helpers (not granted to anyone: only the SECURITY DEFINER functions call them)
+-- ---------------------------------------------------------------------------------
+
+CREATE FUNCTION runledger._raise(p_code text, p_message text, p_detail text, p_hint text)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = p_code, MESSAGE = p_message,
+        DETAIL = coalesce(p_detail, ''), HINT = coalesce(p_hint, '');
+END
+$$;
+
+CREATE FUNCTION runledger._check_run_id(p_run_id text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF p_run_id IS NULL OR p_run_id !~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$' THEN
+        PERFORM runledger._raise('RL006',
+            format('invalid run id %s', coalesce(quote_literal(left(p_run_id, 200)), 'NULL')),
+            'a run id is 1-128 characters of [A-Za-z0-9._:@-], starting with a letter or digit',
+            NULL);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION runledger._check_json(p_what text, p_value jsonb, p_object boolean,
+                                      p_nullable boolean) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_cap integer;
+    v_size integer;
+BEGIN
+    IF p_value IS NULL THEN
+        IF NOT p_nullable THEN
+            PERFORM runledger._raise('RL006', format('%s must not be null', p_what), NULL, NULL);
+        END IF;
+        RETURN;
+    END IF;
+    IF p_object AND jsonb_typeof(p_value) <> 'object' THEN
+        PERFORM runledger._raise('RL006',
+            format('%s must be a JSON object, got %s', p_what, jsonb_typeof(p_value)), NULL, NULL);
+    END IF;
+    SELECT s.max_payload_bytes INTO v_cap FROM runledger.settings s;
+    v_size := octet_length(p_value::text);
+    IF v_size > coalesce(v_cap, 1048576) THEN
+        PERFORM runledger._raise('RL006',
+            format('%s is %s bytes, over the cap of %s bytes', p_what, v_size, v_cap),
+            NULL, 'the cap is runledger.settings.max_payload_bytes');
+    END IF;
+END
+$$;
+
+CREATE FUNCTION runledger._check_word(p_what text, p_value text, p_allowed text[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NULL OR NOT (p_value = ANY (p_allowed)) THEN
+        PERFORM runledger._raise('RL006',
+            format('unknown %s %s', p_what, coalesce(quote_literal(left(p_value, 100)), 'NULL')),
+            format('expected one of: %s', array_to_string(p_allowed, ', ')), NULL);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION runledger._event(p_run_id text, p_kind text, p_actor text,
+                                 p_fencing_token bigint, p_state_version bigint,
+                                 p_detail jsonb) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    INSERT INTO runledger.run_events (run_id, at, kind, actor, fencing_token, state_version, detail)
+    VALUES (p_run_id, runledger.now(), p_kind, p_actor, p_fencing_token, p_state_version,
+            coalesce(p_detail, '{}'::jsonb));
+$$;
+
+-- Lock the run row, then check that (lease_id, fencing_token) is its current,
+-- unexpired lease by the database clock. Every worker write starts here.
+CREATE FUNCTION runledger._lock_leased_run(p_run_id text, p_lease_id uuid, p_fencing_token bigint)
+RETURNS runledger.runs
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+BEGIN
+    PERFORM runledger._check_run_id(p_run_id);
+    SELECT * INTO r FROM runledger.runs WHERE run_id = p_run_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM runledger._raise('RL003', format('run %s not found', p_run_id), NULL, NULL);
+    END IF;
+    IF r.status <> 'running' OR r.lease_id IS DISTINCT FROM p_lease_id
+       OR r.fencing_token IS DISTINCT FROM p_fencing_token THEN
+        PERFORM runledger._raise('RL001',
+            format('lease lost on run %s: token %s is not the current lease', p_run_id,
+                   coalesce(p_fencing_token::text, 'NULL')),
+            format('run %s is %s; seen lease %s token %s; current lease %s token %s held by %s',
+                   p_run_id, r.status, coalesce(p_lease_id::text, 'NULL'),
+                   coalesce(p_fencing_token::text, 'NULL'), coalesce(r.lease_id::text, 'none'),
+                   r.fencing_token, coalesce(r.lease_owner, 'nobody')),
+            'another worker took the run over, or an operator finished it: drop it and do not retry');
+    END IF;
+    IF r.lease_expires_at <= v_now THEN
+        PERFORM runledger._raise('RL001',
+            format('lease expired on run %s: token %s', p_run_id, p_fencing_token),
+            format('run %s lease %s token %s expired at %s, database clock is %s',
+                   p_run_id, p_lease_id, p_fencing_token, r.lease_expires_at, v_now),
+            'renew leases more often than the lease length; the run will be claimed again');
+    END IF;
+    RETURN r;
+END
+$$;
+
+CREATE FUNCTION runledger._lock_run(p_run_id text) RETURNS runledger.runs
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+BEGIN
+    PERFORM runledger._check_run_id(p_run_id);
+    SELECT * INTO r FROM runledger.runs WHERE run_id = p_run_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM runledger._raise('RL003', format('run %s not found', p_run_id), NULL, NULL);
+    END IF;
+    RETURN r;
+END
+$$;
+
+CREATE FUNCTION runledger._parse_flows(p_flows text[], OUT names text[], OUT versions text[])
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    f text;
+BEGIN
+    names := '{}';
+    versions := '{}';
+    IF p_flows IS NULL THEN
+        PERFORM runledger._raise('RL006', 'flows must not be null', NULL, NULL);
+    END IF;
+    FOREACH f IN ARRAY p_flows LOOP
+        IF f IS NULL OR f !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}@[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$' THEN
+            PERFORM runledger._raise('RL006',
+                format('invalid flow reference %s', coalesce(quote_literal(left(f, 200)), 'NULL')),
+                'a flow reference is name@version', NULL);
+        END IF;
+        names := names || split_part(f, '@', 1);
+        versions := versions || split_part(f, '@', 2);
+    END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------
+-- Worker functions
+-- ---------------------------------------------------------------------------------
+
+CREATE FUNCTION runledger.submit_run(p_run_id text, p_flow text, p_flow_version text,
+                                     p_input jsonb, p_priority int DEFAULT 0,
+                                     p_available_at timestamptz DEFAULT NULL)
+RETURNS TABLE (run_id text, created boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := runledger.now();
+    v_existing runledger.runs;
+    v_inserted text;
+BEGIN
+    PERFORM runledger._check_run_id(p_run_id);
+    IF p_flow IS NULL OR p_flow !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$' THEN
+        PERFORM runledger._raise('RL006', format('invalid flow name %s',
+            coalesce(quote_literal(left(p_flow, 200)), 'NULL')),
+            'a flow name is 1-128 characters of [A-Za-z0-9._-]', NULL);
+    END IF;
+    IF p_flow_version IS NULL OR p_flow_version !~ '^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$' THEN
+        PERFORM runledger._raise('RL006', format('invalid flow version %s',
+            coalesce(quote_literal(left(p_flow_version, 100)), 'NULL')),
+            'a flow version is 1-64 characters of [A-Za-z0-9._+-]', NULL);
+    END IF;
+    PERFORM runledger._check_json('input', p_input, true, false);
+    IF p_priority IS NULL THEN
+        PERFORM runledger._raise('RL006', 'priority must not be null', NULL, NULL);
+    END IF;
+
+    INSERT INTO runledger.runs AS r (run_id, flow, flow_version, status, input, priority,
+                                     available_at, created_at, updated_at)
+    VALUES (p_run_id, p_flow, p_flow_version, 'queued', p_input, p_priority,
+            coalesce(p_available_at, v_now), v_now, v_now)
+    ON CONFLICT ON CONSTRAINT pk_runs DO NOTHING
+    RETURNING r.run_id INTO v_inserted;
+
+    IF v_inserted IS NOT NULL THEN
+        PERFORM runledger._event(p_run_id, 'submitted', NULL, NULL, 0,
+            jsonb_build_object('flow', p_flow, 'flow_version', p_flow_version,
+                               'priority', p_priority));
+        PERFORM pg_notify('runledger_runs', p_flow || '@' || p_flow_version);
+        RETURN QUERY SELECT p_run_id, true;
+        RETURN;
+    END IF;
+
+    SELECT * INTO v_existing FROM runledger.runs x WHERE x.run_id = p_run_id;
+    IF v_existing.flow <> p_flow OR v_existing.flow_version <> p_flow_version
+       OR v_existing.input <> p_input THEN
+        PERFORM runledger._raise('RL005',
+            format('run %s already exists with a different flow, version or input', p_run_id),
+            format('existing run %s is %s@%s; submitted %s@%s%s', p_run_id, v_existing.flow,
+                   v_existing.flow_version, p_flow, p_flow_version,
+                   CASE WHEN v_existing.input <> p_input THEN ' with another input' ELSE '' END),
+            'choose a new run id, or resubmit exactly the same flow, version and input');
+    END IF;
+    RETURN QUERY SELECT p_run_id, false;
+END
+$$;
+
+CREATE FUNCTION runledger.claim_runs(p_worker_id text, p_flows text[], p_lease interval,
+                                     p_max_runs int)
+RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
+               state_version bigint, fencing_token bigint, lease_id uuid,
+               lease_expires_at timestamptz, takeover boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := runledger.now();
+    v_flows record;
+BEGIN
+    IF p_worker_id IS NULL OR length(p_worker_id) NOT BETWEEN 1 AND 200 THEN
+        PERFORM runledger._raise('RL006', 'worker id must be 1-200 characters', NULL, NULL);
+    END IF;
+    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '1 day' THEN
+        PERFORM runledger._raise('RL006', format('lease %s must be positive and at most a day',
+            coalesce(p_lease::text, 'NULL')), NULL, NULL);
+    END IF;
+    IF p_max_runs IS NULL OR p_max_runs < 0 OR p_max_runs > 10000 THEN
+        PERFORM runledger._raise('RL006', 'max runs must be 0-10000', NULL, NULL);
+    END IF;
+    v_flows := runledger._parse_flows(p_flows);
+
+    RETURN QUERY
+    WITH pinned AS (
+        SELECT u.name, u.version FROM unnest(v_flows.names, v_flows.versions) AS u(name, version)
+    ), candidates AS (
+        SELECT c.run_id, c.status AS old_status, c.lease_owner AS old_owner,
+               c.fencing_token AS old_token
+        FROM runledger.runs c
+        JOIN pinned p ON p.name = c.flow AND p.version = c.flow_version
+        WHERE (c.status = 'queued' AND c.available_at <= v_now)
+           OR (c.status = 'running' AND c.lease_expires_at <= v_now)
+        ORDER BY c.priority DESC, c.created_at, c.run_id
+        LIMIT p_max_runs
+        FOR NO KEY UPDATE OF c SKIP LOCKED
+    ), claimed AS (
+        UPDATE runledger.runs r
+        SET status = 'running',
+            fencing_token = r.fencing_token + 1,
+            lease_id = gen_random_uuid(),
+            lease_owner = p_worker_id,
+            lease_expires_at = v_now + p_lease,
+            claims = r.claims + 1,
+            stalled_claims = r.stalled_claims + 1,
+            updated_at = v_now
+        FROM candidates c
+        WHERE r.run_id = c.run_id
+          AND ((r.status = 'queued' AND r.available_at <= v_now)
+               OR (r.status = 'running' AND r.lease_expires_at <= v_now))
+        RETURNING r.run_id, r.flow, r.flow_version, r.input, r.state, r.state_version,
+                  r.fencing_token, r.lease_id, r.lease_expires_at,
+                  (c.old_status = 'running') AS takeover, c.old_owner, c.old_token
+    ), logged AS (
+        INSERT INTO runledger.run_events (run_id, at, kind, actor, fencing_token, state_version, detail)
+        SELECT k.run_id, v_now, CASE WHEN k.takeover THEN 'takeover' ELSE 'claimed' END,
+               p_worker_id, k.fencing_token, k.state_version,
+               jsonb_build_object('lease_id', k.lease_id, 'lease_expires_at', k.lease_expires_at)
+               || CASE WHEN k.takeover
+                       THEN jsonb_build_object('previous_owner', k.old_owner,
+                                               'previous_token', k.old_token)
+                       ELSE '{}'::jsonb END
+        FROM claimed k
+    )
+    SELECT k.run_id, k.flow, k.flow_version, k.input, k.state, k.state_version,
+           k.fencing_token, k.lease_id, k.lease_expires_at, k.takeover
+    FROM claimed k;
+END
+$$;
+
+CREATE FUNCTION runledger.renew_leases(p_worker_id text, p_run_ids text[], p_lease_ids uuid[],
+                                       p_lease interval)
+RETURNS TABLE (run_id text, lease_expires_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := runledger.now();
+BEGIN
+    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '1 day' THEN
+        PERFORM runledger._raise('RL006', 'lease must be positive and at most a day', NULL, NULL);
+    END IF;
+    IF coalesce(cardinality(p_run_ids), 0) <> coalesce(cardinality(p_lease_ids), 0) THEN
+        PERFORM runledger._raise('RL006', 'run ids and lease ids must be arrays of one length',
+            NULL, NULL);
+    END IF;
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT u.run_id, u.lease_id FROM unnest(p_run_ids, p_lease_ids) AS u(run_id, lease_id)
+    ), locked AS (
+        -- lock in a fixed order so two renewals never wait on each other in a cycle
+        SELECT l.run_id FROM runledger.runs l JOIN wanted w ON w.run_id = l.run_id
+        WHERE l.lease_id = w.lease_id AND l.lease_owner = p_worker_id
+          AND l.status = 'running' AND l.lease_expires_at > v_now
+        ORDER BY l.run_id
+        FOR NO KEY UPDATE OF l
+    ), renewed AS (
+        UPDATE runledger.runs r
+        SET lease_expires_at = v_now + p_lease
+        FROM locked k JOIN wanted w ON w.run_id = k.run_id
+        WHERE r.run_id = k.run_id AND r.lease_id = w.lease_id AND r.lease_owner = p_worker_id
+          AND r.status = 'running' AND r.lease_expires_at > v_now
+        RETURNING r.run_id, r.lease_expires_at
+    ), failed AS (
+        INSERT INTO runledger.run_events (run_id, at, kind, actor, fencing_token, state_version, detail)
+        SELECT w.run_id, v_now, 'renewal_failed', p_worker_id, NULL, NULL,
+               jsonb_build_object('lease_id', w.lease_id, 'current_lease_id', x.lease_id,
+                                  'current_owner', x.lease_owner, 'status', x.status)
+        FROM wanted w JOIN runledger.runs x ON x.run_id = w.run_id
+        WHERE NOT EXISTS (SELECT 1 FROM renewed n WHERE n.run_id = w.run_id)
+    )
+    SELECT n.run_id, n.lease_expires_at FROM renewed n;
+END
+$$;
+
+CREATE FUNCTION runledger.checkpoint(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                     p_expected_version bigint, p_state jsonb)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    PERFORM runledger._check_json('state', p_state, true, false);
+    IF p_expected_version IS DISTINCT FROM r.state_version THEN
+        PERFORM runledger._raise('RL002',
+            format('state version conflict on run %s', p_run_id),
+            format('expected state_version %s, the run is at %s (token %s)',
+                   coalesce(p_expected_version::text, 'NULL'), r.state_version, p_fencing_token),
+            'reload the run state and decide again');
+    END IF;
+    UPDATE runledger.runs
+    SET state = p_state, state_version = r.state_version + 1, stalled_claims = 0,
+        updated_at = runledger.now()
+    WHERE run_id = p_run_id AND state_version = r.state_version AND lease_id = p_lease_id;
+    PERFORM runledger._event(p_run_id, 'checkpoint', r.lease_owner, p_fencing_token,
+                             r.state_version + 1, '{}'::jsonb);
+    RETURN r.state_version + 1;
+END
+$$;
+
+CREATE FUNCTION runledger.record_turn(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                      p_turn int, p_calls jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_next integer;
+    v_existing jsonb;
+    v_call jsonb;
+    v_ids text[] := '{}';
+    v_pos integer := 0;
+    v_open integer;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    PERFORM runledger._check_json('calls', p_calls, false, false);
+    IF jsonb_typeof(p_calls) <> 'array' THEN
+        PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
+    END IF;
+    IF p_turn IS NULL OR p_turn < 0 THEN
+        PERFORM runledger._raise('RL006', 'turn must be a non-negative integer', NULL, NULL);
+    END IF;
+
+    SELECT t.calls INTO v_existing FROM runledger.run_turns t
+    WHERE t.run_id = p_run_id AND t.turn = p_turn;
+    IF FOUND THEN
+        IF v_existing = p_calls THEN
+            RETURN;  -- the same decision again (a retried ambiguous commit): no-op
+        END IF;
+        PERFORM runledger._raise('RL004',
+            format('turn %s of run %s is already recorded with other calls', p_turn, p_run_id),
+            NULL, 'a recorded decision is never replaced: replay it');
+    END IF;
+
+    SELECT coalesce(max(t.turn) + 1, 0) INTO v_next FROM runledger.run_turns t
+    WHERE t.run_id = p_run_id;
+    IF p_turn <> v_next THEN
+        PERFORM runledger._raise('RL004',
+            format('turn %s of run %s is out of order', p_turn, p_run_id),
+            format('the next turn to record is %s', v_next), NULL);
+    END IF;
+    SELECT count(*) INTO v_open FROM runledger.run_calls c
+    WHERE c.run_id = p_run_id AND c.status NOT IN ('succeeded', 'failed');
+    IF v_open > 0 THEN
+        PERFORM runledger._raise('RL004',
+            format('run %s has %s call(s) without a final result', p_run_id, v_open),
+            NULL, 'complete every call of the previous turn before recording the next');
+    END IF;
+
+    FOR v_call IN SELECT e FROM jsonb_array_elements(p_calls) AS e LOOP
+        IF jsonb_typeof(v_call) <> 'object' THEN
+            PERFORM runledger._raise('RL006', 'each call must be a JSON object', NULL, NULL);
+        END IF;
+        IF jsonb_typeof(v_call -> 'call_id') IS DISTINCT FROM 'string'
+           OR (v_call ->> 'call_id') !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' THEN
+            PERFORM runledger._raise('RL006',
+                format('invalid call id %s', coalesce(left(v_call ->> 'call_id', 100), 'NULL')),
+                'a call id is 1-64 characters of [A-Za-z0-9._-]', NULL);
+        END IF;
+        IF (v_call ->> 'call_id') = ANY (v_ids) THEN
+            PERFORM runledger._raise('RL006',
+                format('call id %s appears twice in turn %s', v_call ->> 'call_id', p_turn),
+                NULL, NULL);
+        END IF;
+        IF jsonb_typeof(v_call -> 'tool') IS DISTINCT FROM 'string'
+           OR (v_call ->> 'tool') !~ '^[A-Za-z_][A-Za-z0-9._-]{0,127}$' THEN
+            PERFORM runledger._raise('RL006',
+                format('invalid tool name %s', coalesce(left(v_call ->> 'tool', 100), 'NULL')),
+                NULL, NULL);
+        END IF;
+        IF jsonb_typeof(coalesce(v_call -> 'args', '{}'::jsonb)) <> 'object' THEN
+            PERFORM runledger._raise('RL006',
+                format('args of call %s must be a JSON object', v_call ->> 'call_id'), NULL, NULL);
+        END IF;
+        v_ids := v_ids || (v_call ->> 'call_id');
+    END LOOP;
+
+    INSERT INTO runledger.run_turns (run_id, turn, calls, fencing_token, created_at)
+    VALUES (p_run_id, p_turn, p_calls, p_fencing_token, runledger.now());
+
+    FOR v_call IN SELECT e FROM jsonb_array_elements(p_calls) AS e LOOP
+        INSERT INTO runledger.run_calls (run_id, turn, call_id, position, tool, args,
+                                         idempotency_key, status, attempts)
+        VALUES (p_run_id, p_turn, v_call ->> 'call_id', v_pos, v_call ->> 'tool',
+                coalesce(v_call -> 'args', '{}'::jsonb),
+                p_run_id || ':' || p_turn || ':' || (v_call ->> 'call_id'), 'planned', 0);
+        v_pos := v_pos + 1;
+    END LOOP;
+
+    UPDATE runledger.runs SET stalled_claims = 0, updated_at = runledger.now()
+    WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    PERFORM runledger._event(p_run_id, 'turn_recorded', r.lease_owner, p_fencing_token,
+        r.state_version, jsonb_build_object('turn', p_turn, 'calls', jsonb_array_length(p_calls)));
+END
+$$;
+
+CREATE FUNCTION runledger._lock_call(p_run_id text, p_key text) RETURNS runledger.run_calls
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    c runledger.run_calls;
+BEGIN
+    IF p_key IS NULL OR length(p_key) > 300 THEN
+        PERFORM runledger._raise('RL006', 'invalid idempotency key', NULL, NULL);
+    END IF;
+    SELECT * INTO c FROM runledger.run_calls x WHERE x.idempotency_key = p_key FOR UPDATE;
+    IF NOT FOUND OR c.run_id <> p_run_id THEN
+        PERFORM runledger._raise('RL003',
+            format('call %s not found in run %s', p_key, p_run_id), NULL, NULL);
+    END IF;
+    RETURN c;
+END
+$$;
+
+CREATE FUNCTION runledger.dispatch_call(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                        p_idempotency_key text)
+RETURNS int
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz := runledger.now();
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.status NOT IN ('planned', 'dispatched') THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s and cannot be dispatched', p_idempotency_key, c.status),
+            format('attempts %s, last token %s', c.attempts,
+                   coalesce(c.completed_token, c.dispatched_token)),
+            CASE c.status WHEN 'unknown'
+                 THEN 'an operator must resolve it (runledger resolve)'
+                 ELSE 'the call already has a final result: reuse it' END);
+    END IF;
+    UPDATE runledger.run_calls
+    SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
+        dispatched_by = r.lease_owner, dispatched_at = v_now
+    WHERE idempotency_key = p_idempotency_key AND status IN ('planned', 'dispatched');
+    PERFORM runledger._event(p_run_id, 'call_dispatched', r.lease_owner, p_fencing_token,
+        r.state_version, jsonb_build_object('idempotency_key', p_idempotency_key,
+                                            'tool', c.tool, 'attempt', c.attempts + 1,
+                                            'previous_status', c.status));
+    RETURN c.attempts + 1;
+END
+$$;
+
+CREATE FUNCTION runledger.complete_call(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                        p_idempotency_key text, p_outcome text,
+                                        p_result jsonb, p_receipt jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz := runledger.now();
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    PERFORM runledger._check_word('outcome', p_outcome, ARRAY['succeeded', 'failed', 'unknown']);
+    PERFORM runledger._check_json('result', p_result, false, true);
+    PERFORM runledger._check_json('receipt', p_receipt, true, true);
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.status <> 'dispatched' THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s, not dispatched', p_idempotency_key, c.status),
+            NULL, 'dispatch_call must be committed before the tool runs');
+    END IF;
+    UPDATE runledger.run_calls
+    SET status = p_outcome,
+        result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
+        receipt = p_receipt,
+        error = CASE WHEN p_outcome = 'succeeded' THEN NULL ELSE p_result END,
+        completed_token = p_fencing_token, completed_by = r.lease_owner, completed_at = v_now
+    WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
+    UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
+    WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    PERFORM runledger._event(p_run_id, 'call_' || p_outcome, r.lease_owner, p_fencing_token,
+        r.state_version, jsonb_build_object('idempotency_key', p_idempotency_key,
+                                            'tool', c.tool, 'attempt', c.attempts));
+END
+$$;
+
+CREATE FUNCTION runledger.finish_run(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                     p_status text, p_result jsonb, p_reason text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+    v_open integer;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    PERFORM runledger._check_word('status', p_status, ARRAY['succeeded', 'failed', 'paused']);
+    PERFORM runledger._check_json('result', p_result, false, true);
+    IF p_status = 'succeeded' THEN
+        SELECT count(*) INTO v_open FROM runledger.run_calls c
+        WHERE c.run_id = p_run_id AND c.status NOT IN ('succeeded', 'failed');
+        IF v_open > 0 THEN
+            PERFORM runledger._raise('RL004',
+                format('run %s cannot succeed with %s open call(s)', p_run_id, v_open),
+                NULL, 'complete or pause first');
+        END IF;
+    END IF;
+    UPDATE runledger.runs
+    SET status = p_status,
+        result = CASE WHEN p_status = 'succeeded' THEN p_result END,
+        error = CASE WHEN p_status = 'failed'
+                     THEN jsonb_build_object('reason', p_reason) || coalesce(
+                          CASE WHEN jsonb_typeof(p_result) = 'object' THEN p_result END, '{}')
+                END,
+        pause_reason = CASE WHEN p_status = 'paused' THEN coalesce(p_reason, 'paused') END,
+        lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        finished_at = CASE WHEN p_status = 'paused' THEN NULL ELSE v_now END,
+        updated_at = v_now
+    WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token;
+    PERFORM runledger._event(p_run_id, 'run_' || p_status, r.lease_owner, p_fencing_token,
+        r.state_version, jsonb_strip_nulls(jsonb_build_object('reason', p_reason)));
+END
+$$;
+
+CREATE FUNCTION runledger.release_lease(p_run_id text, p_lease_id uuid, p_fencing_token bigint)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    UPDATE runledger.runs
+    SET status = 'queued', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        available_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token;
+    PERFORM runledger._event(p_run_id, 'lease_released', r.lease_owner, p_fencing_token,
+                             r.state_version, '{}'::jsonb);
+    PERFORM pg_notify('runledger_runs', r.flow || '@' || r.flow_version);
+END
+$$;
+
+-- A worker whose write was refused records that, in its own transaction, naming itself.
+-- The stale token goes in detail; the fencing_token column only carries current tokens.
+CREATE FUNCTION runledger.report_stale_write(p_run_id text, p_worker_id text, p_lease_id uuid,
+                                             p_fencing_token bigint, p_operation text,
+                                             p_message text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+BEGIN
+    PERFORM runledger._check_run_id(p_run_id);
+    SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id;
+    PERFORM runledger._event(p_run_id, 'stale_write_rejected', left(p_worker_id, 200), NULL, NULL,
+        jsonb_build_object('operation', left(p_operation, 100), 'stale_lease_id', p_lease_id,
+                           'stale_token', p_fencing_token, 'current_token', r.fencing_token,
+                           'current_owner', r.lease_owner, 'message', left(p_message, 2000)));
+END
+$$;
+
+CREATE FUNCTION runledger.register_worker(p_worker_id text, p_hostname text, p_pid int,
+                                          p_flows text[])
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := runledger.now();
+BEGIN
+    IF p_worker_id IS NULL OR length(p_worker_id) NOT BETWEEN 1 AND 200 THEN
+        PERFORM runledger._raise('RL006', 'worker id must be 1-200 characters', NULL, NULL);
+    END IF;
+    PERFORM runledger._parse_flows(p_flows);
+    INSERT INTO runledger.workers (worker_id, hostname, pid, flows, started_at, heartbeat_at)
+    VALUES (p_worker_id, coalesce(p_hostname, ''), coalesce(p_pid, 0), p_flows, v_now, v_now)
+    ON CONFLICT ON CONSTRAINT pk_workers DO UPDATE
+    SET hostname = excluded.hostname, pid = excluded.pid, flows = excluded.flows,
+        started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, stopped_at = NULL;
+END
+$$;
+
+CREATE FUNCTION runledger.heartbeat_worker(p_worker_id text, p_stopped boolean DEFAULT false)
+RETURNS void
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    UPDATE runledger.workers
+    SET heartbeat_at = runledger.now(),
+        stopped_at = CASE WHEN p_stopped THEN runledger.now() ELSE stopped_at END
+    WHERE worker_id = p_worker_id;
+$$;
+
+-- ---------------------------------------------------------------------------------
+-- Operator functions
+-- ---------------------------------------------------------------------------------
+
+CREATE FUNCTION runledger.resolve_call(p_idempotency_key text, p_resolution text,
+                                       p_receipt jsonb, p_actor text, p_note text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_run_id text;
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz := runledger.now();
+    v_left integer;
+BEGIN
+    PERFORM runledger._check_word('resolution', p_resolution,
+                                  ARRAY['applied', 'not_applied', 'abandoned']);
+    PERFORM runledger._check_json('receipt', p_receipt, true, true);
+    IF p_actor IS NULL OR length(p_actor) NOT BETWEEN 1 AND 200 THEN
+        PERFORM runledger._raise('RL006', 'actor must be 1-200 characters', NULL, NULL);
+    END IF;
+    SELECT x.run_id INTO v_run_id FROM runledger.run_calls x WHERE x.idempotency_key = p_idempotency_key;
+    IF NOT FOUND THEN
+        PERFORM runledger._raise('RL003', format('call %s not found', p_idempotency_key), NULL, NULL);
+    END IF;
+    r := runledger._lock_run(v_run_id);           -- the run row first, then the call
+    c := runledger._lock_call(v_run_id, p_idempotency_key);
+    IF c.status <> 'unknown' OR r.status <> 'paused' THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s in a %s run; only unknown calls of paused runs are resolved',
+                   p_idempotency_key, c.status, r.status), NULL, NULL);
+    END IF;
+    UPDATE runledger.run_calls
+    SET status = CASE p_resolution WHEN 'applied' THEN 'succeeded'
+                                   WHEN 'not_applied' THEN 'planned'
+                                   ELSE 'failed' END,
+        result = CASE WHEN p_resolution = 'applied' THEN coalesce(p_receipt, '{}'::jsonb) END,
+        receipt = CASE WHEN p_resolution = 'applied' THEN p_receipt END,
+        error = CASE WHEN p_resolution = 'abandoned'
+                     THEN jsonb_strip_nulls(jsonb_build_object('reason', 'abandoned', 'note', p_note))
+                     WHEN p_resolution = 'not_applied' THEN NULL
+                     ELSE error END,
+        resolved_by = p_actor, resolved_at = v_now, resolution_note = p_note
+    WHERE idempotency_key = p_idempotency_key AND status = 'unknown';
+    PERFORM runledger._event(v_run_id, 'call_resolved', p_actor, NULL, r.state_version,
+        jsonb_strip_nulls(jsonb_build_object('idempotency_key', p_idempotency_key,
+                                             'resolution', p_resolution, 'note', p_note)));
+    SELECT count(*) INTO v_left FROM runledger.run_calls x
+    WHERE x.run_id = v_run_id AND x.status = 'unknown';
+    IF v_left = 0 THEN
+        UPDATE runledger.runs
+        SET status = 'queued', pause_reason = NULL, available_at = v_now, updated_at = v_now
+        WHERE run_id = v_run_id AND status = 'paused';
+        PERFORM runledger._event(v_run_id, 'run_requeued', p_actor, NULL, r.state_version,
+                                 jsonb_build_object('after', 'resolve_call'));
+        PERFORM pg_notify('runledger_runs', r.flow || '@' || r.flow_version);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION runledger.cancel_run(p_run_id text, p_actor text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+BEGIN
+    r := runledger._lock_run(p_run_id);
+    IF r.status = 'cancelled' THEN
+        RETURN;
+    END IF;
+    IF r.status IN ('succeeded', 'failed') THEN
+        PERFORM runledger._raise('RL004',
+            format('run %s already %s', p_run_id, r.status), NULL, NULL);
+    END IF;
+    UPDATE runledger.runs
+    SET status = 'cancelled', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        error = jsonb_strip_nulls(jsonb_build_object('reason', 'cancelled', 'note', p_reason)),
+        finished_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id AND status IN ('queued', 'running', 'paused');
+    PERFORM runledger._event(p_run_id, 'run_cancelled', coalesce(p_actor, 'operator'), NULL,
+        r.state_version, jsonb_strip_nulls(jsonb_build_object(
+            'reason', p_reason, 'previous_status', r.status, 'previous_owner', r.lease_owner)));
+END
+$$;
+
+CREATE FUNCTION runledger.retry_run(p_run_id text, p_actor text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+    v_unknown integer;
+BEGIN
+    r := runledger._lock_run(p_run_id);
+    IF r.status NOT IN ('failed', 'paused') THEN
+        PERFORM runledger._raise('RL004',
+            format('run %s is %s; only failed or paused runs are retried', p_run_id, r.status),
+            NULL, NULL);
+    END IF;
+    SELECT count(*) INTO v_unknown FROM runledger.run_calls x
+    WHERE x.run_id = p_run_id AND x.status = 'unknown';
+    IF v_unknown > 0 THEN
+        PERFORM runledger._raise('RL004',
+            format('run %s has %s unknown call(s)', p_run_id, v_unknown),
+            NULL, 'resolve them first: runledger resolve KEY applied|not_applied|abandoned');
+    END IF;
+    UPDATE runledger.runs
+    SET status = 'queued', pause_reason = NULL, error = NULL, finished_at = NULL,
+        stalled_claims = 0, available_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id AND status IN ('failed', 'paused');
+    PERFORM runledger._event(p_run_id, 'run_requeued', coalesce(p_actor, 'operator'), NULL,
+        r.state_version, jsonb_build_object('after', 'retry_run', 'previous_status', r.status));
+    PERFORM pg_notify('runledger_runs', r.flow || '@' || r.flow_version);
+END
+$$;
+
+-- Retention: the only path allowed to delete events, calls and runs.
+CREATE FUNCTION runledger.prune_runs(p_before timestamptz, p_keep_events boolean)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_before IS NULL THEN
+        PERFORM runledger._raise('RL006', 'before must not be null', NULL, NULL);
+    END IF;
+    PERFORM set_config('runledger.pruning', 'on', true);
+    WITH gone AS (
+        DELETE FROM runledger.runs x
+        WHERE x.status IN ('succeeded', 'failed', 'cancelled') AND x.finished_at < p_before
+        RETURNING x.run_id
+    ), events AS (
+        DELETE FROM runledger.run_events e
+        WHERE NOT coalesce(p_keep_events, false) AND e.run_id IN (SELECT g.run_id FROM gone g)
+    )
+    SELECT count(*) INTO v_count FROM gone;
+    PERFORM set_config('runledger.pruning', 'off', true);
+    RETURN v_count;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------
+-- The second wall: triggers that hold even for the owner's direct UPDATE
+-- ---------------------------------------------------------------------------------
+
+CREATE FUNCTION runledger._guard_runs() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF current_setting('runledger.pruning', true) IS DISTINCT FROM 'on' THEN
+            PERFORM runledger._raise('RL007',
+                format('runs are deleted only by runledger.prune_runs (run %s)', OLD.run_id),
+                NULL, NULL);
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF NEW.run_id <> OLD.run_id THEN
+        PERFORM runledger._raise('RL007', format('run id %s cannot change', OLD.run_id), NULL, NULL);
+    END IF;
+    IF NEW.fencing_token < OLD.fencing_token THEN
+        PERFORM runledger._raise('RL007',
+            format('fencing_token of run %s cannot decrease', OLD.run_id),
+            format('from %s to %s', OLD.fencing_token, NEW.fencing_token), NULL);
+    END IF;
+    IF NEW.state_version < OLD.state_version THEN
+        PERFORM runledger._raise('RL007',
+            format('state_version of run %s cannot decrease', OLD.run_id),
+            format('from %s to %s', OLD.state_version, NEW.state_version), NULL);
+    END IF;
+    IF NEW.state_version > OLD.state_version + 1 THEN
+        PERFORM runledger._raise('RL007',
+            format('state_version of run %s moves by one at a time', OLD.run_id),
+            format('from %s to %s', OLD.state_version, NEW.state_version), NULL);
+    END IF;
+    IF NEW.state IS DISTINCT FROM OLD.state AND NEW.state_version <> OLD.state_version + 1 THEN
+        PERFORM runledger._raise('RL007',
+            format('a change of state on run %s must bump state_version by exactly one', OLD.run_id),
+            format('state_version %s -> %s', OLD.state_version, NEW.state_version), NULL);
+    END IF;
+    IF NEW.flow <> OLD.flow OR NEW.flow_version <> OLD.flow_version OR NEW.input <> OLD.input THEN
+        PERFORM runledger._raise('RL007',
+            format('flow, version and input of run %s are pinned', OLD.run_id), NULL, NULL);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER tg_runs_guard BEFORE UPDATE OR DELETE ON runledger.runs
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_runs();
+ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard;
+
+CREATE FUNCTION runledger._guard_run_calls() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF current_setting('runledger.pruning', true) IS DISTINCT FROM 'on' THEN
+            PERFORM runledger._raise('RL007',
+                format('calls are deleted only by runledger.prune_runs (%s)', OLD.idempotency_key),
+                NULL, NULL);
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF NEW.idempotency_key <> OLD.idempotency_key OR NEW.run_id <> OLD.run_id
+       OR NEW.turn <> OLD.turn OR NEW.call_id <> OLD.call_id OR NEW.tool <> OLD.tool
+       OR NEW.args <> OLD.args THEN
+        PERFORM runledger._raise('RL007',
+            format('call %s: key, tool and args are immutable', OLD.idempotency_key), NULL, NULL);
+    END IF;
+    IF OLD.status = 'succeeded' AND (NEW.status <> OLD.status
+        OR NEW.result IS DISTINCT FROM OLD.result OR NEW.receipt IS DISTINCT FROM OLD.receipt) THEN
+        PERFORM runledger._raise('RL007',
+            format('call %s succeeded; its result and receipt cannot be overwritten',
+                   OLD.idempotency_key),
+            format('receipt %s', OLD.receipt), NULL);
+    END IF;
+    IF NEW.attempts < OLD.attempts THEN
+        PERFORM runledger._raise('RL007',
+            format('attempts of call %s cannot decrease', OLD.idempotency_key), NULL, NULL);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER tg_run_calls_guard BEFORE UPDATE OR DELETE ON runledger.run_calls
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_run_calls();
+ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard;
+
+CREATE FUNCTION runledger._guard_run_turns() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('runledger.pruning', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    PERFORM runledger._raise('RL007',
+        format('turn %s of run %s is a recorded decision and cannot change', OLD.turn, OLD.run_id),
+        NULL, NULL);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER tg_run_turns_guard BEFORE UPDATE OR DELETE ON runledger.run_turns
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_run_turns();
+ALTER TABLE runledger.run_turns ENABLE ALWAYS TRIGGER tg_run_turns_guard;
+
+CREATE FUNCTION runledger._guard_run_events() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('runledger.pruning', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    PERFORM runledger._raise('RL007',
+        format('run_events is append-only (%s refused)', TG_OP), NULL,
+        'events are removed only by runledger.prune_runs');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER tg_run_events_guard BEFORE UPDATE OR DELETE ON runledger.run_events
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_run_events();
+ALTER TABLE runledger.run_events ENABLE ALWAYS TRIGGER tg_run_events_guard;
+CREATE TRIGGER tg_run_events_no_truncate BEFORE TRUNCATE ON runledger.run_events
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_run_events();
+ALTER TABLE runledger.run_events ENABLE ALWAYS TRIGGER tg_run_events_no_truncate;
+
+-- ---------------------------------------------------------------------------------
+-- Audit views
+-- ---------------------------------------------------------------------------------
+
+CREATE VIEW runledger.run_timeline AS
+SELECT e.run_id, e.event_id, e.at, e.kind, e.actor, e.fencing_token, e.state_version, e.detail
+FROM runledger.run_events e;
+
+CREATE VIEW runledger.effect_ledger AS
+SELECT c.idempotency_key, c.run_id, c.turn, c.call_id, c.tool, c.status, c.attempts,
+       c.args, c.result, c.receipt, c.error,
+       c.dispatched_by, c.dispatched_token, c.dispatched_at,
+       c.completed_by, c.completed_token, c.completed_at,
+       c.resolved_by, c.resolved_at, c.resolution_note,
+       r.flow, r.flow_version
+FROM runledger.run_calls c JOIN runledger.runs r USING (run_id);
+
+CREATE VIEW runledger.lease_history AS
+SELECT e.run_id, e.event_id, e.at, e.kind, e.actor AS worker_id, e.fencing_token,
+       (e.detail ->> 'lease_id')::uuid AS lease_id,
+       (e.detail ->> 'lease_expires_at')::timestamptz AS lease_expires_at,
+       e.detail ->> 'previous_owner' AS previous_owner,
+       (e.detail ->> 'previous_token')::bigint AS previous_token
+FROM runledger.run_events e
+WHERE e.kind IN ('claimed', 'takeover', 'lease_released', 'renewal_failed',
+                 'stale_write_rejected', 'run_succeeded', 'run_failed', 'run_paused',
+                 'run_cancelled');
+
+-- ---------------------------------------------------------------------------------
+-- Privileges and roles
+-- ---------------------------------------------------------------------------------
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA runledger FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA runledger FROM PUBLIC;
+
+DO $roles$
+DECLARE
+    v_role text;
+BEGIN
+    FOREACH v_role IN ARRAY ARRAY['runledger_worker', 'runledger_operator', 'runledger_auditor'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', v_role);
+            EXCEPTION WHEN insufficient_privilege OR duplicate_object THEN
+                RAISE WARNING 'runledger: could not create role % (%); create it as an admin and run "runledger migrate" again, or grant privileges by hand',
+                    v_role, SQLERRM;
+            END;
+        END IF;
+    END LOOP;
+
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_auditor') THEN
+        GRANT USAGE ON SCHEMA runledger TO runledger_auditor;
+        GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO runledger_auditor;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
+        GRANT USAGE ON SCHEMA runledger TO runledger_worker;
+        GRANT SELECT ON runledger.runs, runledger.run_turns, runledger.run_calls,
+                        runledger.run_events, runledger.workers, runledger.settings,
+                        runledger.run_timeline, runledger.effect_ledger, runledger.lease_history
+            TO runledger_worker;
+        GRANT EXECUTE ON FUNCTION
+            runledger.now(),
+            runledger.submit_run(text, text, text, jsonb, int, timestamptz),
+            runledger.claim_runs(text, text[], interval, int),
+            runledger.renew_leases(text, text[], uuid[], interval),
+            runledger.checkpoint(text, uuid, bigint, bigint, jsonb),
+            runledger.record_turn(text, uuid, bigint, int, jsonb),
+            runledger.dispatch_call(text, uuid, bigint, text),
+            runledger.complete_call(text, uuid, bigint, text, text, jsonb, jsonb),
+            runledger.finish_run(text, uuid, bigint, text, jsonb, text),
+            runledger.release_lease(text, uuid, bigint),
+            runledger.report_stale_write(text, text, uuid, bigint, text, text),
+            runledger.register_worker(text, text, int, text[]),
+            runledger.heartbeat_worker(text, boolean)
+        TO runledger_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_operator') THEN
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
+            GRANT runledger_worker TO runledger_operator;
+        END IF;
+        GRANT USAGE ON SCHEMA runledger TO runledger_operator;
+        GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO runledger_operator;
+        GRANT EXECUTE ON FUNCTION
+            runledger.now(),
+            runledger.submit_run(text, text, text, jsonb, int, timestamptz),
+            runledger.resolve_call(text, text, jsonb, text, text),
+            runledger.cancel_run(text, text, text),
+            runledger.retry_run(text, text),
+            runledger.prune_runs(timestamptz, boolean)
+        TO runledger_operator;
+    END IF;
+END
+$roles$;

@@ -1,0 +1,115 @@
+"""The runledger exception tree and the SQLSTATE -> exception registry.
+
+Every refusal the database makes carries a SQLSTATE of class ``RL``; ``db/store.py``
+maps it onto one of these classes with :func:`from_sqlstate`. Nothing here imports
+other runledger modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class RunLedgerError(Exception):
+    """Base of every runledger error."""
+
+    sqlstate: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        fencing_token: int | None = None,
+        detail: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.run_id = run_id
+        self.fencing_token = fencing_token
+        self.detail = detail
+        self.hint = hint
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.detail:
+            parts.append(f"DETAIL: {self.detail}")
+        if self.hint:
+            parts.append(f"HINT: {self.hint}")
+        return "\n".join(parts)
+
+
+class LeaseLost(RunLedgerError):
+    """The lease id/token is not the run's current lease, or it expired by the DB clock."""
+
+    sqlstate = "RL001"
+
+
+class VersionConflict(RunLedgerError):
+    """Compare-and-set saw another ``state_version``."""
+
+    sqlstate = "RL002"
+
+
+class RunNotFound(RunLedgerError):
+    """No such run (or call)."""
+
+    sqlstate = "RL003"
+
+
+class InvalidTransition(RunLedgerError):
+    """The run or call is not in a state that allows this operation."""
+
+    sqlstate = "RL004"
+
+
+class RunConflict(RunLedgerError):
+    """The same run id was submitted with a different flow, version or input."""
+
+    sqlstate = "RL005"
+
+
+class InvalidInput(RunLedgerError):
+    """Bad run id, non-object or oversized JSON, NUL characters, unknown words."""
+
+    sqlstate = "RL006"
+
+
+class InvariantViolation(RunLedgerError):
+    """A table trigger refused a write that breaks an invariant (the second wall)."""
+
+    sqlstate = "RL007"
+
+
+class DatabaseUnavailable(RunLedgerError):
+    """The database could not be reached after retrying."""
+
+
+class ConfigurationError(RunLedgerError):
+    """Settings are missing or inconsistent (for example no database URL)."""
+
+
+REGISTRY: dict[str, type[RunLedgerError]] = {
+    cls.sqlstate: cls
+    for cls in (
+        LeaseLost,
+        VersionConflict,
+        RunNotFound,
+        InvalidTransition,
+        RunConflict,
+        InvalidInput,
+        InvariantViolation,
+    )
+    if cls.sqlstate is not None
+}
+
+
+def from_sqlstate(sqlstate: str | None, message: str, **fields: Any) -> RunLedgerError | None:
+    """Build the exception registered for ``sqlstate``, or ``None`` when it is not ours."""
+    if sqlstate is None:
+        return None
+    cls = REGISTRY.get(sqlstate)
+    if cls is None:
+        return None
+    return cls(message, **fields)

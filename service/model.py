@@ -1,0 +1,200 @@
+"""Values and states shared by every layer; mirrors the CHECK lists of the schema.
+
+Imports nothing of runledger. The regular expressions here are the same ones the
+SQL functions enforce, so a client can refuse bad input before a round trip; the
+database stays the authority.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NewType
+
+RunId = NewType("RunId", str)
+FencingToken = NewType("FencingToken", int)
+LeaseId = NewType("LeaseId", uuid.UUID)
+IdempotencyKey = NewType("IdempotencyKey", str)
+
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+FLOW_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+FLOW_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+CALL_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class CallStatus(StrEnum):
+    PLANNED = "planned"
+    DISPATCHED = "dispatched"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (CallStatus.SUCCEEDED, CallStatus.FAILED)
+
+
+class Outcome(StrEnum):
+    """What ``complete_call`` records."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+class FinishStatus(StrEnum):
+    """What ``finish_run`` accepts."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PAUSED = "paused"
+
+
+class Resolution(StrEnum):
+    """How an operator resolves an ``unknown`` call."""
+
+    APPLIED = "applied"
+    NOT_APPLIED = "not_applied"
+    ABANDONED = "abandoned"
+
+
+class Safety(StrEnum):
+    """A tool's safety class, declared by its author."""
+
+    IDEMPOTENT = "idempotent"
+    LOOKUP = "lookup"
+    UNSAFE = "unsafe"
+    READ_ONLY = "read_only"
+
+
+def flow_ref(name: str, version: str) -> str:
+    """The ``name@version`` string workers claim by."""
+    return f"{name}@{version}"
+
+
+def parse_flow_ref(ref: str) -> tuple[str, str]:
+    """Split ``name@version``; raises ``ValueError`` on anything else."""
+    name, sep, version = ref.partition("@")
+    if not sep or not FLOW_NAME_RE.fullmatch(name) or not FLOW_VERSION_RE.fullmatch(version):
+        raise ValueError(f"not a flow reference of the form name@version: {ref!r}")
+    return name, version
+
+
+def idempotency_key(run_id: str, turn: int, call_id: str) -> IdempotencyKey:
+    return IdempotencyKey(f"{run_id}:{turn}:{call_id}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitResult:
+    run_id: RunId
+    created: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    run_id: RunId
+    lease_id: LeaseId
+    fencing_token: FencingToken
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedRun:
+    run_id: RunId
+    flow: str
+    flow_version: str
+    input: dict[str, Any]
+    state: dict[str, Any] | None
+    state_version: int
+    fencing_token: FencingToken
+    lease_id: LeaseId
+    lease_expires_at: dt.datetime
+    takeover: bool
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(run_id=self.run_id, lease_id=self.lease_id, fencing_token=self.fencing_token)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RenewedLease:
+    run_id: RunId
+    lease_expires_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    run_id: RunId
+    flow: str
+    flow_version: str
+    status: RunStatus
+    input: dict[str, Any]
+    state: dict[str, Any] | None
+    state_version: int
+    fencing_token: int
+    lease_id: uuid.UUID | None
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    claims: int
+    stalled_claims: int
+    priority: int
+    available_at: dt.datetime
+    pause_reason: str | None
+    result: Any
+    error: Any
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Call:
+    run_id: RunId
+    turn: int
+    call_id: str
+    position: int
+    tool: str
+    args: dict[str, Any]
+    idempotency_key: IdempotencyKey
+    status: CallStatus
+    attempts: int
+    result: Any
+    receipt: Any
+    error: Any
+    dispatched_token: int | None
+    completed_token: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Turn:
+    run_id: RunId
+    turn: int
+    calls: tuple[Call, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    event_id: int
+    run_id: str
+    at: dt.datetime
+    kind: str
+    actor: str | None
+    fencing_token: int | None
+    state_version: int | None
+    detail: dict[str, Any]
