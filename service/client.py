@@ -1,0 +1,148 @@
+"""``Client``: submit and inspect runs from ordinary (synchronous) code.
+
+It drives the same async :class:`~service.db.store.Store` the worker uses, on a
+private event loop in a background thread, so there is one implementation of every
+database call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import threading
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from service import errors
+from service.config import load_settings
+from service.db.store import Store
+from service.flows import Flow
+from service.model import (
+    Call,
+    Event,
+    Resolution,
+    Run,
+    RunStatus,
+    SubmitResult,
+    parse_flow_ref,
+)
+
+T = TypeVar("T")
+
+SETTLED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PAUSED)
+
+
+class Client:
+    """``Client(database_url)``; use as a context manager or call :meth:`close`."""
+
+    def __init__(self, database_url: str | None = None, *, actor: str | None = None) -> None:
+        self.database_url = load_settings(database_url=database_url).require_database_url()
+        self.actor = actor or f"client:{getpass.getuser()}"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="runledger-client",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            self._store: Store = self._run(Store.connect(self.database_url, max_size=2))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._run(self._store.close())
+        self._stop_loop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    # -- runs ------------------------------------------------------------------------
+
+    def resolve_flow(self, flow: Flow | str, version: str | None = None) -> tuple[str, str]:
+        """``Flow``, ``"name@version"``, or ``"name"`` + ``version`` -> (name, version)."""
+        if isinstance(flow, Flow):
+            return flow.name, version or flow.version
+        if "@" in flow:
+            try:
+                return parse_flow_ref(flow)
+            except ValueError as exc:
+                raise errors.InvalidInput(str(exc)) from exc
+        if version is not None:
+            return flow, version
+        known = sorted(v for n, v in map(parse_flow_ref, self._run(self._store.known_flows()))
+                       if n == flow)
+        if len(known) != 1:
+            raise errors.InvalidInput(
+                f"flow {flow!r}: give a version (name@version); workers registered {known or 'none'}"
+            )
+        return flow, known[0]
+
+    def submit(
+        self,
+        flow: Flow | str,
+        input: dict[str, Any],
+        run_id: str | None = None,
+        version: str | None = None,
+        priority: int = 0,
+    ) -> SubmitResult:
+        name, ver = self.resolve_flow(flow, version)
+        rid = run_id or f"run-{uuid.uuid4().hex}"
+        return self._run(self._store.submit_run(rid, name, ver, input, priority))
+
+    def known_flows(self) -> set[str]:
+        return self._run(self._store.known_flows())
+
+    def get(self, run_id: str) -> Run:
+        return self._run(self._store.get_run(run_id))
+
+    def calls(self, run_id: str) -> list[Call]:
+        return self._run(self._store.list_calls(run_id))
+
+    def events(self, run_id: str) -> list[Event]:
+        return self._run(self._store.list_events(run_id))
+
+    def wait(self, run_id: str, timeout: float = 60.0) -> Run:
+        """Block until the run succeeded, failed, was cancelled or paused."""
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            run = self.get(run_id)
+            if run.status in SETTLED:
+                return run
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id} still {run.status} after {timeout} s")
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 1.5, 0.5)
+
+    def resolve(
+        self,
+        key: str,
+        resolution: Resolution | str,
+        receipt: dict[str, Any] | None = None,
+        note: str | None = None,
+    ) -> None:
+        self._run(self._store.resolve_call(key, resolution, receipt, self.actor, note))
+
+    def cancel(self, run_id: str, reason: str | None = None) -> None:
+        self._run(self._store.cancel_run(run_id, self.actor, reason))
+
+    def retry(self, run_id: str) -> None:
+        self._run(self._store.retry_run(run_id, self.actor))

@@ -1,0 +1,214 @@
+"""SQLAlchemy Core description of the runledger tables: the model Alembic compares against.
+
+The schema itself is created by the SQL of the migrations (``migrations/versions/*.sql``);
+this module describes the result, so ``alembic.autogenerate.compare_metadata`` can tell
+when the two drift apart (``tests/migrations`` asserts they do not). Nothing here runs
+DDL, and no revision imports it. Constraint and index names follow the naming
+convention below, so a violation reported by PostgreSQL names itself.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, INTERVAL, JSONB, UUID
+
+SCHEMA: Final = "runledger"
+
+NAMING_CONVENTION: Final[dict[str, str]] = {
+    "pk": "pk_%(table_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "ix": "ix_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+}
+
+metadata: Final = MetaData(schema=SCHEMA, naming_convention=dict(NAMING_CONVENTION))
+
+RUN_STATUSES: Final = ("queued", "running", "paused", "succeeded", "failed", "cancelled")
+CALL_STATUSES: Final = ("planned", "dispatched", "succeeded", "failed", "unknown")
+RUN_ID_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+
+
+def _tstz() -> DateTime:
+    return DateTime(timezone=True)
+
+
+def _in(column: str, words: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(w) for w in words)})"
+
+
+settings: Final = Table(
+    "settings",
+    metadata,
+    Column("singleton", Boolean, nullable=False, server_default=text("true")),
+    Column("max_payload_bytes", Integer, nullable=False, server_default=text("1048576")),
+    Column("clock_offset", INTERVAL, nullable=False, server_default=text("'00:00:00'::interval")),
+    PrimaryKeyConstraint("singleton"),
+    CheckConstraint("singleton", name="singleton"),
+    CheckConstraint("max_payload_bytes BETWEEN 1024 AND 268435456", name="max_payload_bytes"),
+)
+
+runs: Final = Table(
+    "runs",
+    metadata,
+    Column("run_id", Text, nullable=False),
+    Column("flow", Text, nullable=False),
+    Column("flow_version", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'queued'::text")),
+    Column("input", JSONB, nullable=False),
+    Column("state", JSONB, nullable=True),
+    Column("state_version", BigInteger, nullable=False, server_default=text("0")),
+    Column("fencing_token", BigInteger, nullable=False, server_default=text("0")),
+    Column("lease_id", UUID(as_uuid=True), nullable=True),
+    Column("lease_owner", Text, nullable=True),
+    Column("lease_expires_at", _tstz(), nullable=True),
+    Column("claims", Integer, nullable=False, server_default=text("0")),
+    Column("stalled_claims", Integer, nullable=False, server_default=text("0")),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("available_at", _tstz(), nullable=False),
+    Column("pause_reason", Text, nullable=True),
+    Column("result", JSONB, nullable=True),
+    Column("error", JSONB, nullable=True),
+    Column("created_at", _tstz(), nullable=False),
+    Column("updated_at", _tstz(), nullable=False),
+    Column("finished_at", _tstz(), nullable=True),
+    PrimaryKeyConstraint("run_id"),
+    CheckConstraint(f"run_id ~ '{RUN_ID_PATTERN}'", name="run_id"),
+    CheckConstraint(_in("status", RUN_STATUSES), name="status"),
+    CheckConstraint("jsonb_typeof(input) = 'object'", name="input_object"),
+    CheckConstraint("state IS NULL OR jsonb_typeof(state) = 'object'", name="state_object"),
+    CheckConstraint("(lease_id IS NULL) = (lease_expires_at IS NULL)", name="lease_complete"),
+    CheckConstraint("(status = 'running') = (lease_id IS NOT NULL)", name="running_has_lease"),
+    CheckConstraint(
+        "(status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL)",
+        name="finished_at",
+    ),
+)
+Index(
+    "ix_runs_claimable",
+    runs.c.flow,
+    runs.c.flow_version,
+    runs.c.priority,
+    runs.c.created_at,
+    postgresql_where=runs.c.status.in_(["queued", "running"]),
+)
+Index("ix_runs_status", runs.c.status)
+
+run_turns: Final = Table(
+    "run_turns",
+    metadata,
+    Column("run_id", Text, nullable=False),
+    Column("turn", Integer, nullable=False),
+    Column("calls", JSONB, nullable=False),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("created_at", _tstz(), nullable=False),
+    PrimaryKeyConstraint("run_id", "turn"),
+    ForeignKeyConstraint(["run_id"], [runs.c.run_id], ondelete="CASCADE"),
+    CheckConstraint("turn >= 0", name="turn"),
+    CheckConstraint("jsonb_typeof(calls) = 'array'", name="calls_array"),
+)
+
+run_calls: Final = Table(
+    "run_calls",
+    metadata,
+    Column("run_id", Text, nullable=False),
+    Column("turn", Integer, nullable=False),
+    Column("call_id", Text, nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("tool", Text, nullable=False),
+    Column("args", JSONB, nullable=False),
+    Column("idempotency_key", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'planned'::text")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("result", JSONB, nullable=True),
+    Column("receipt", JSONB, nullable=True),
+    Column("error", JSONB, nullable=True),
+    Column("dispatched_token", BigInteger, nullable=True),
+    Column("completed_token", BigInteger, nullable=True),
+    Column("dispatched_by", Text, nullable=True),
+    Column("completed_by", Text, nullable=True),
+    Column("dispatched_at", _tstz(), nullable=True),
+    Column("completed_at", _tstz(), nullable=True),
+    Column("resolved_by", Text, nullable=True),
+    Column("resolved_at", _tstz(), nullable=True),
+    Column("resolution_note", Text, nullable=True),
+    PrimaryKeyConstraint("run_id", "turn", "call_id"),
+    UniqueConstraint("idempotency_key"),
+    # Named by hand: the convention would use the first column (run_id).
+    ForeignKeyConstraint(
+        ["run_id", "turn"],
+        [run_turns.c.run_id, run_turns.c.turn],
+        name="fk_run_calls_turn_run_turns",
+        ondelete="CASCADE",
+    ),
+    CheckConstraint(_in("status", CALL_STATUSES), name="status"),
+    CheckConstraint("jsonb_typeof(args) = 'object'", name="args_object"),
+    CheckConstraint("attempts >= 0", name="attempts"),
+    CheckConstraint("idempotency_key = run_id || ':' || turn || ':' || call_id", name="key"),
+)
+Index(
+    "ix_run_calls_open",
+    run_calls.c.run_id,
+    postgresql_where=run_calls.c.status.in_(["planned", "dispatched", "unknown"]),
+)
+
+# No foreign key to runs: events outlive their run when prune_runs keeps them.
+run_events: Final = Table(
+    "run_events",
+    metadata,
+    Column("event_id", BigInteger, nullable=False, autoincrement=True),
+    Column("run_id", Text, nullable=False),
+    Column("at", _tstz(), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("actor", Text, nullable=True),
+    Column("fencing_token", BigInteger, nullable=True),
+    Column("state_version", BigInteger, nullable=True),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    PrimaryKeyConstraint("event_id"),
+)
+Index("ix_run_events_run_id", run_events.c.run_id, run_events.c.event_id)
+
+workers: Final = Table(
+    "workers",
+    metadata,
+    Column("worker_id", Text, nullable=False),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("flows", ARRAY(Text), nullable=False),
+    Column("started_at", _tstz(), nullable=False),
+    Column("heartbeat_at", _tstz(), nullable=False),
+    Column("stopped_at", _tstz(), nullable=True),
+    PrimaryKeyConstraint("worker_id"),
+)
+
+__all__ = [
+    "CALL_STATUSES",
+    "NAMING_CONVENTION",
+    "RUN_ID_PATTERN",
+    "RUN_STATUSES",
+    "SCHEMA",
+    "metadata",
+    "run_calls",
+    "run_events",
+    "run_turns",
+    "runs",
+    "settings",
+    "workers",
+]

@@ -1,0 +1,1 @@
+"""The demo flows and the fake provider."""

@@ -1,0 +1,232 @@
+"""A fake external provider, run as its own process: the world the tools change.
+
+Effects are keyed by idempotency key. It can deduplicate by key (an idempotent
+provider) or not (``dedupe: false`` per request, or ``idempotent: false`` for all),
+answer lookups ("did key K happen?"), refuse a request whose fencing token is lower
+than one already seen for the key, and inject faults: apply the effect then fail the
+response (the ambiguous case), fail before applying, hold a response at a gate.
+
+    python -m service.demo.provider --port 8765
+
+HTTP/JSON: ``POST /effects``, ``GET /effects[?key=K]``, ``POST /config``,
+``POST /gates/<name>`` (open), ``POST /reset``, ``GET /health``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+
+class ProviderError(Exception):
+    """The provider answered with an error status (the effect may or may not exist)."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"provider answered {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+@dataclass
+class FakeProvider:
+    """The provider's state; thread-safe."""
+
+    idempotent: bool = True
+    check_tokens: bool = False
+    fail_after_apply: int = 0
+    fail_before_apply: int = 0
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    max_token: dict[str, int] = field(default_factory=dict)
+    gates: dict[str, threading.Event] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def configure(self, settings: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            for name in ("idempotent", "check_tokens", "fail_after_apply", "fail_before_apply"):
+                if name in settings:
+                    setattr(self, name, type(getattr(self, name))(settings[name]))
+            return self.config()
+
+    def config(self) -> dict[str, Any]:
+        return {"idempotent": self.idempotent, "check_tokens": self.check_tokens,
+                "fail_after_apply": self.fail_after_apply,
+                "fail_before_apply": self.fail_before_apply}
+
+    def reset(self) -> None:
+        with self.lock:
+            self.effects.clear()
+            self.max_token.clear()
+            for gate in self.gates.values():
+                gate.set()
+            self.gates.clear()
+            self.idempotent, self.check_tokens = True, False
+            self.fail_after_apply = self.fail_before_apply = 0
+
+    def gate(self, name: str) -> threading.Event:
+        with self.lock:
+            return self.gates.setdefault(name, threading.Event())
+
+    def apply(self, req: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        key = str(req.get("key") or "")
+        if not key:
+            return 400, {"error": "key is required"}
+        token = int(req.get("token") or 0)
+        with self.lock:
+            if self.fail_before_apply > 0:
+                self.fail_before_apply -= 1
+                return 503, {"error": "injected failure before apply"}
+            if self.check_tokens and token < self.max_token.get(key, 0):
+                return 409, {"error": "stale fencing token", "token": token,
+                             "seen": self.max_token[key]}
+            self.max_token[key] = max(token, self.max_token.get(key, 0))
+            dedupe = self.idempotent and bool(req.get("dedupe", True))
+            existing = next((e for e in self.effects if e["key"] == key), None)
+            if dedupe and existing is not None:
+                effect, duplicate = existing, True
+            else:
+                effect = {"effect_id": len(self.effects) + 1, "key": key,
+                          "kind": req.get("kind", "effect"), "payload": req.get("payload"),
+                          "token": token, "at": time.time()}
+                self.effects.append(effect)
+                duplicate = False
+            fail = self.fail_after_apply > 0
+            if fail:
+                self.fail_after_apply -= 1
+        gate = req.get("gate")
+        if gate:
+            self.gate(str(gate)).wait(timeout=float(req.get("gate_timeout", 120)))
+        if fail:
+            return 500, {"error": "injected failure after apply"}
+        return 200, {**effect, "duplicate": duplicate}
+
+    def find(self, key: str | None) -> list[dict[str, Any]]:
+        with self.lock:
+            return [dict(e) for e in self.effects if key is None or e["key"] == key]
+
+
+def make_server(host: str, port: int, provider: FakeProvider | None = None) -> ThreadingHTTPServer:
+    state = provider or FakeProvider()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            return
+
+        def _send(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b"{}"
+            value = json.loads(raw or b"{}")
+            return value if isinstance(value, dict) else {}
+
+        def do_GET(self) -> None:
+            url = urlparse(self.path)
+            if url.path == "/health":
+                self._send(200, {"ok": True, **state.config()})
+            elif url.path == "/effects":
+                key = parse_qs(url.query).get("key", [None])[0]
+                self._send(200, {"effects": state.find(key)})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            url = urlparse(self.path)
+            body = self._body()
+            if url.path == "/effects":
+                self._send(*state.apply(body))
+            elif url.path == "/config":
+                self._send(200, state.configure(body))
+            elif url.path == "/reset":
+                state.reset()
+                self._send(200, {"ok": True})
+            elif url.path.startswith("/gates/"):
+                state.gate(url.path.removeprefix("/gates/")).set()
+                self._send(200, {"ok": True})
+            else:
+                self._send(404, {"error": "not found"})
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+class ProviderClient:
+    """What tools (and tests) use to talk to the provider."""
+
+    def __init__(self, url: str, timeout: float = 130.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                payload = json.loads(exc.read())
+            except ValueError:
+                payload = {}
+            raise ProviderError(exc.code, payload) from None
+
+    def apply(self, key: str, kind: str, payload: Any, token: int, *, dedupe: bool = True,
+              gate: str | None = None) -> dict[str, Any]:
+        body = {"key": key, "kind": kind, "payload": payload, "token": token, "dedupe": dedupe}
+        if gate:
+            body["gate"] = gate
+        result: dict[str, Any] = self._request("POST", "/effects", body)
+        return result
+
+    def find(self, key: str) -> dict[str, Any] | None:
+        found = self._request("GET", f"/effects?key={urllib.parse.quote(key)}")["effects"]
+        return found[0] if found else None
+
+    def effects(self, key: str | None = None) -> list[dict[str, Any]]:
+        path = "/effects" if key is None else f"/effects?key={urllib.parse.quote(key)}"
+        result: list[dict[str, Any]] = self._request("GET", path)["effects"]
+        return result
+
+    def configure(self, **settings: Any) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/config", settings)
+        return result
+
+    def open_gate(self, name: str) -> None:
+        self._request("POST", f"/gates/{name}", {})
+
+    def reset(self) -> None:
+        self._request("POST", "/reset", {})
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", "/health")
+        return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="runledger's fake provider")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args(argv)
+    server = make_server(args.host, args.port)
+    print(f"provider listening on http://{args.host}:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

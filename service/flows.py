@@ -1,0 +1,246 @@
+"""The public flow API: ``Flow``, tools with safety classes, the policy, contexts.
+
+Tool and policy code never touches the database: it gets a context. A tool returns
+its result (JSON) or a :class:`Receipt`; it raises :class:`NotApplied` only when the
+effect certainly did not happen. Any other exception, or a timeout, is ambiguous and
+handled like a crash after sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from service.model import CALL_ID_RE, FLOW_NAME_RE, FLOW_VERSION_RE, Safety, flow_ref
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call the policy decides on. ``call_id`` defaults to ``c<position>``."""
+
+    tool: str
+    args: dict[str, Any] = field(default_factory=dict)
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A tool result plus the provider's receipt (ticket id, payment id, ...)."""
+
+    result: Any = None
+    receipt: dict[str, Any] | None = None
+
+
+class NotApplied(Exception):
+    """The effect certainly did not happen. ``retry=True``: try again later, same key."""
+
+    def __init__(self, reason: str, retry: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry = retry
+
+
+class InvalidDecision(Exception):
+    """The policy asked for an unknown tool or arguments that do not fit its signature."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolContext:
+    run_id: str
+    flow: str
+    turn: int
+    call_id: str
+    tool: str
+    idempotency_key: str
+    fencing_token: int
+    attempt: int
+    deadline: float  # time.monotonic() value after which the lease may be gone
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryCall:
+    call_id: str
+    tool: str
+    args: dict[str, Any]
+    status: str
+    result: Any
+    error: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryTurn:
+    turn: int
+    calls: tuple[HistoryCall, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyContext:
+    run_id: str
+    flow: str
+    input: dict[str, Any]
+    turn: int
+
+
+ToolFn = Callable[..., Any]
+LookupFn = Callable[[ToolContext], Any]
+
+
+class Tool(Generic[F]):
+    """A registered tool; call ``.lookup`` to attach the provider lookup of a ``lookup`` tool."""
+
+    def __init__(
+        self,
+        fn: F,
+        *,
+        name: str,
+        safety: Safety,
+        timeout: float | None,
+        max_attempts: int,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.safety = safety
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.lookup_fn: LookupFn | None = None
+        self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters.values())
+        if not params or params[0].kind not in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            raise TypeError(f"tool {name}: the first parameter must be the context (ctx)")
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def lookup(self, fn: LookupFn) -> LookupFn:
+        """Register ``fn(ctx) -> receipt dict | None``: did the effect with ctx.idempotency_key happen?"""
+        if self.safety is not Safety.LOOKUP:
+            raise TypeError(f"tool {self.name} is {self.safety}; only lookup tools take a lookup")
+        self.lookup_fn = fn
+        return fn
+
+    def check_args(self, args: dict[str, Any]) -> None:
+        """Raise :class:`InvalidDecision` when ``args`` do not bind to the signature."""
+        try:
+            self.signature.bind(None, **args)
+        except TypeError as exc:
+            raise InvalidDecision(f"tool {self.name}: {exc}") from exc
+
+
+class Flow:
+    """A named, versioned agent: one policy plus its tools."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str = "1",
+        *,
+        max_turns: int | None = None,
+        max_calls: int | None = None,
+    ) -> None:
+        if not FLOW_NAME_RE.fullmatch(name):
+            raise ValueError(f"invalid flow name {name!r}: 1-128 characters of [A-Za-z0-9._-]")
+        if not FLOW_VERSION_RE.fullmatch(version):
+            raise ValueError(f"invalid flow version {version!r}: 1-64 characters of [A-Za-z0-9._+-]")
+        self.name = name
+        self.version = version
+        self.max_turns = max_turns
+        self.max_calls = max_calls
+        self.tools: dict[str, Tool[Any]] = {}
+        self.policy_fn: Callable[..., Any] | None = None
+
+    @property
+    def ref(self) -> str:
+        return flow_ref(self.name, self.version)
+
+    def __repr__(self) -> str:
+        return f"Flow({self.ref!r}, tools={sorted(self.tools)})"
+
+    def tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        safety: Safety | str,
+        name: str | None = None,
+        timeout: float | None = None,
+        max_attempts: int = 3,
+    ) -> Any:
+        """Register a tool: ``@flow.tool(safety="idempotent")``."""
+        try:
+            klass = Safety(safety)
+        except ValueError:
+            allowed = ", ".join(s.value for s in Safety)
+            raise ValueError(f"unknown safety class {safety!r}; expected one of: {allowed}") from None
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+
+        def register(f: Callable[..., Any]) -> Tool[Any]:
+            tool_name = name or f.__name__
+            if tool_name in self.tools:
+                raise ValueError(f"flow {self.ref} already has a tool named {tool_name}")
+            t = Tool(f, name=tool_name, safety=klass, timeout=timeout, max_attempts=max_attempts)
+            self.tools[tool_name] = t
+            return t
+
+        return register(fn) if fn is not None else register
+
+    def policy(self, fn: F) -> F:
+        """Register the policy: ``fn(ctx, history) -> list[ToolCall]``; ``[]`` ends the run."""
+        if self.policy_fn is not None:
+            raise ValueError(f"flow {self.ref} already has a policy")
+        self.policy_fn = fn
+        return fn
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` when the flow cannot run (no policy, lookup tool without lookup)."""
+        if self.policy_fn is None:
+            raise ValueError(f"flow {self.ref} has no policy")
+        for t in self.tools.values():
+            if t.safety is Safety.LOOKUP and t.lookup_fn is None:
+                raise ValueError(f"tool {t.name} of {self.ref} is 'lookup' but has no @lookup")
+
+    def normalize(self, decided: Sequence[ToolCall]) -> list[dict[str, Any]]:
+        """Check a decision and turn it into the ``record_turn`` payload."""
+        if not isinstance(decided, list | tuple):
+            raise InvalidDecision(f"the policy must return a list of ToolCall, got {type(decided)}")
+        calls: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for position, call in enumerate(decided):
+            if not isinstance(call, ToolCall):
+                raise InvalidDecision(f"call {position} is {type(call).__name__}, not ToolCall")
+            tool = self.tools.get(call.tool)
+            if tool is None:
+                raise InvalidDecision(f"unknown tool {call.tool!r} (flow {self.ref})")
+            if not isinstance(call.args, dict):
+                raise InvalidDecision(f"args of call {position} must be a dict")
+            tool.check_args(call.args)
+            call_id = call.call_id or f"c{position}"
+            if not CALL_ID_RE.fullmatch(call_id) or call_id in seen:
+                raise InvalidDecision(f"invalid or repeated call id {call_id!r}")
+            seen.add(call_id)
+            calls.append({"call_id": call_id, "tool": call.tool, "args": call.args})
+        return calls
+
+
+async def invoke(fn: Callable[..., Any], *args: Any, timeout: float | None, **kwargs: Any) -> Any:
+    """Run a sync (in a thread) or async function with an optional timeout."""
+    if inspect.iscoroutinefunction(fn):
+        coro: Awaitable[Any] = fn(*args, **kwargs)
+    else:
+        coro = asyncio.to_thread(fn, *args, **kwargs)
+    if timeout is None:
+        return await coro
+    return await asyncio.wait_for(coro, timeout)

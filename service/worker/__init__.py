@@ -1,0 +1,78 @@
+"""The worker runtime: load flows, run a :class:`~service.worker.process.Worker`."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from service.flows import Flow
+from service.worker.executor import Limits
+from service.worker.process import Worker
+
+__all__ = ["Limits", "Worker", "configure_logging", "load_flows", "run_worker"]
+
+
+def load_flows(specs: Iterable[str]) -> list[Flow]:
+    """Import ``package.module:attribute`` specs; the attribute is a Flow or a list of Flows."""
+    flows: list[Flow] = []
+    for spec in specs:
+        module_name, sep, attr = spec.partition(":")
+        if not sep or not module_name or not attr:
+            raise ValueError(f"--flows {spec!r}: expected package.module:attribute")
+        module = importlib.import_module(module_name)
+        try:
+            value: Any = getattr(module, attr)
+        except AttributeError:
+            raise ValueError(f"--flows {spec!r}: module {module_name} has no {attr}") from None
+        items = value if isinstance(value, list | tuple) else [value]
+        for item in items:
+            if not isinstance(item, Flow):
+                raise ValueError(f"--flows {spec!r}: {item!r} is not a Flow")
+            flows.append(item)
+    return flows
+
+
+class _JsonFormatter(logging.Formatter):
+    _skip = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"at": self.formatTime(record), "level": record.levelname,
+               "logger": record.name, "msg": record.getMessage()}
+        out.update({k: v for k, v in record.__dict__.items() if k not in self._skip})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+class _FieldsFormatter(logging.Formatter):
+    _skip = _JsonFormatter._skip
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in self._skip)
+        return f"{line} {extra}" if extra else line
+
+
+def configure_logging(level: str = "INFO", as_json: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        _JsonFormatter() if as_json
+        else _FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("psycopg.pool").setLevel(logging.WARNING)
+
+
+def run_worker(worker: Worker) -> None:
+    async def main() -> None:
+        worker.install_signal_handlers()
+        await worker.run()
+
+    asyncio.run(main())

@@ -1,0 +1,411 @@
+"""The journaled agent loop for one claimed run.
+
+1. The policy's decision is recorded (``record_turn``) before any tool runs, and a
+   recorded turn is replayed, never decided again.
+2. ``dispatch_call`` commits before the tool is invoked; ``complete_call`` commits the
+   result and the provider's receipt before the next step.
+3. A call found ``dispatched`` (the previous holder died mid-call) is recovered by its
+   tool's safety class: ``lookup`` asks the provider, ``idempotent`` repeats with the
+   same key, ``read_only`` reruns, ``unsafe`` becomes ``unknown`` and the run pauses.
+4. A tool exception other than ``NotApplied``, or a timeout, is ambiguous: it is
+   handled exactly like a crash after sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from service import errors
+from service.db.store import Store
+from service.flows import (
+    Flow,
+    HistoryCall,
+    HistoryTurn,
+    InvalidDecision,
+    NotApplied,
+    PolicyContext,
+    Receipt,
+    Tool,
+    ToolContext,
+    invoke,
+)
+from service.model import Call, CallStatus, ClaimedRun, FinishStatus, Outcome, Safety
+from service.worker.crash import CrashPoints
+
+log = logging.getLogger(__name__)
+
+
+class Draining(Exception):
+    """The worker is shutting down: stop at this step boundary and release the lease."""
+
+
+class LocalLeaseExpired(Exception):
+    """The lease may have expired by the local clock: start nothing more (self-fencing)."""
+
+
+class Paused(Exception):
+    """A call ended ``unknown``: the run pauses for a person."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    max_turns: int = 50
+    max_calls: int = 200
+    max_stalled_claims: int = 5
+    tool_timeout: float = 300.0
+    policy_timeout: float = 300.0
+    policy_attempts: int = 3
+    backoff: float = 0.2
+    max_backoff: float = 5.0
+
+
+@dataclass(slots=True, kw_only=True)
+class ActiveRun:
+    """A run this worker holds: its lease and the local deadline that fences it."""
+
+    claim: ClaimedRun
+    deadline: float
+    draining: bool = False
+    operation: str = "claim"
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        return self.claim.run_id
+
+
+def _jsonable(value: Any) -> Any:
+    """The tool's value as JSON; anything json cannot hold is stringified, not lost."""
+    return json.loads(json.dumps(value, default=str, allow_nan=False))
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {"type": type(exc).__name__, "message": str(exc)[:2000]}
+
+
+class Executor:
+    def __init__(
+        self,
+        store: Store,
+        flows: dict[str, Flow],
+        *,
+        worker_id: str,
+        limits: Limits,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        self.store = store
+        self.flows = flows
+        self.worker_id = worker_id
+        self.limits = limits
+        self.crash = crash or CrashPoints(None)
+
+    # -- entry -----------------------------------------------------------------------
+
+    async def execute(self, active: ActiveRun) -> None:
+        """Drive one run until it finishes, pauses, is released, or its lease is lost."""
+        claim = active.claim
+        fields = {"run_id": claim.run_id, "worker_id": self.worker_id,
+                  "fencing_token": claim.fencing_token}
+        try:
+            await self._drive(active)
+        except errors.LeaseLost as exc:
+            log.warning("write refused: lease lost, dropping run", extra=fields)
+            await self._report_stale(active, exc)
+        except (Draining, LocalLeaseExpired) as exc:
+            if isinstance(exc, Draining):
+                await self._release(active)
+            else:
+                log.warning("local lease deadline passed, stopping run", extra=fields)
+        except Exception as exc:  # a bug or the database gone: the lease expires, run is retaken
+            log.exception("run failed in the worker", extra={**fields, "error": repr(exc)})
+
+    async def _report_stale(self, active: ActiveRun, exc: errors.LeaseLost) -> None:
+        try:
+            await self.store.report_stale_write(
+                active.run_id, self.worker_id, active.claim.lease_id, active.claim.fencing_token,
+                active.operation, str(exc),
+            )
+        except Exception:
+            log.exception("could not record the refused write", extra={"run_id": active.run_id})
+
+    async def _release(self, active: ActiveRun) -> None:
+        try:
+            await self.store.release_lease(
+                active.run_id, active.claim.lease_id, active.claim.fencing_token
+            )
+        except errors.LeaseLost as exc:
+            await self._report_stale(active, exc)
+
+    # -- the loop --------------------------------------------------------------------
+
+    def _check_deadline(self, active: ActiveRun) -> None:
+        if time.monotonic() >= active.deadline:
+            raise LocalLeaseExpired(active.run_id)
+
+    def _check_boundary(self, active: ActiveRun) -> None:
+        self._check_deadline(active)
+        if active.draining:
+            raise Draining(active.run_id)
+
+    async def _finish(
+        self, active: ActiveRun, status: FinishStatus, result: Any, reason: str | None
+    ) -> None:
+        active.operation = "finish_run"
+        c = active.claim
+        await self.store.finish_run(c.run_id, c.lease_id, c.fencing_token, status, result, reason)
+        log.info(
+            "run finished",
+            extra={"run_id": c.run_id, "worker_id": self.worker_id,
+                   "fencing_token": c.fencing_token, "status": str(status), "reason": reason},
+        )
+
+    async def _drive(self, active: ActiveRun) -> None:
+        c = active.claim
+        flow = self.flows[f"{c.flow}@{c.flow_version}"]
+        max_turns = flow.max_turns or self.limits.max_turns
+        max_calls = flow.max_calls or self.limits.max_calls
+        run = await self.store.get_run(c.run_id)
+        if run.stalled_claims > self.limits.max_stalled_claims:
+            await self._finish(active, FinishStatus.FAILED,
+                               {"claims_without_progress": run.stalled_claims}, "crash_loop")
+            return
+        state_version = c.state_version
+        while True:
+            turns = await self.store.list_turns(c.run_id)
+            calls = await self.store.list_calls(c.run_id)
+            if turns:
+                last, decided = turns[-1]
+                if not decided:
+                    await self._finish(active, FinishStatus.SUCCEEDED,
+                                       {"turns": len(turns), "calls": len(calls)}, None)
+                    return
+                pending = [x for x in calls if x.turn == last and not x.status.terminal]
+                if pending:
+                    try:
+                        for call in pending:
+                            await self._settle(active, flow, call)
+                    except Paused as p:
+                        await self._finish(active, FinishStatus.PAUSED, None,
+                                           f"call {p.key} is unknown: reconcile it")
+                        return
+                    except _MissingTool as exc:
+                        await self._finish(active, FinishStatus.FAILED,
+                                           {"tool": str(exc)}, "tool_missing")
+                        return
+                    active.operation = "checkpoint"
+                    state_version = await self.store.checkpoint(
+                        c.run_id, c.lease_id, c.fencing_token, state_version,
+                        {"completed_turns": last + 1},
+                    )
+                    continue
+            next_turn = len(turns)
+            if next_turn >= max_turns:
+                await self._finish(active, FinishStatus.FAILED,
+                                   {"max_turns": max_turns}, "budget_exceeded")
+                return
+            self._check_boundary(active)
+            try:
+                payload = await self._decide(active, flow, next_turn, turns, calls)
+            except InvalidDecision as exc:
+                await self._finish(active, FinishStatus.FAILED, _error(exc), "invalid_decision")
+                return
+            except _PolicyFailed as exc:
+                await self._finish(active, FinishStatus.FAILED, _error(exc.__cause__ or exc),
+                                   "policy_error")
+                return
+            if len(calls) + len(payload) > max_calls:
+                await self._finish(active, FinishStatus.FAILED,
+                                   {"max_calls": max_calls}, "budget_exceeded")
+                return
+            self._check_deadline(active)
+            active.operation = "record_turn"
+            await self.store.record_turn(c.run_id, c.lease_id, c.fencing_token, next_turn, payload)
+
+    async def _decide(
+        self,
+        active: ActiveRun,
+        flow: Flow,
+        turn: int,
+        turns: list[tuple[int, list[dict[str, Any]]]],
+        calls: list[Call],
+    ) -> list[dict[str, Any]]:
+        assert flow.policy_fn is not None
+        by_turn: dict[int, list[Call]] = {}
+        for x in calls:
+            by_turn.setdefault(x.turn, []).append(x)
+        history = [
+            HistoryTurn(
+                turn=t,
+                calls=tuple(
+                    HistoryCall(call_id=x.call_id, tool=x.tool, args=x.args,
+                                status=str(x.status), result=x.result, error=x.error)
+                    for x in by_turn.get(t, [])
+                ),
+            )
+            for t, _ in turns
+        ]
+        ctx = PolicyContext(run_id=active.run_id, flow=flow.ref, input=active.claim.input,
+                            turn=turn)
+        delay = self.limits.backoff
+        for attempt in range(1, self.limits.policy_attempts + 1):
+            try:
+                decided = await invoke(flow.policy_fn, ctx, history,
+                                       timeout=self.limits.policy_timeout)
+                break
+            except InvalidDecision:
+                raise
+            except Exception as exc:
+                if attempt == self.limits.policy_attempts:
+                    raise _PolicyFailed(str(exc)) from exc
+                log.warning("policy failed, retrying",
+                            extra={"run_id": active.run_id, "attempt": attempt, "error": repr(exc)})
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, self.limits.max_backoff)
+            self._check_boundary(active)
+        return flow.normalize(decided)
+
+    # -- one call ----------------------------------------------------------------------
+
+    async def _settle(self, active: ActiveRun, flow: Flow, call: Call) -> None:
+        """Bring one non-final call to succeeded/failed, or raise Paused."""
+        tool = flow.tools.get(call.tool)
+        if call.status is CallStatus.UNKNOWN:
+            raise Paused(call.idempotency_key)
+        if tool is None:
+            # The decision names a tool this code no longer has: nothing safe to do.
+            raise _MissingTool(call.tool)
+        if call.status is CallStatus.DISPATCHED:
+            await self._recover(active, tool, call)
+        else:
+            await self._attempts(active, tool, call)
+
+    async def _recover(self, active: ActiveRun, tool: Tool[Any], call: Call) -> None:
+        """A call in flight when its previous holder stopped: decide by safety class."""
+        log.info("recovering in-flight call",
+                 extra={"run_id": active.run_id, "key": call.idempotency_key,
+                        "safety": str(tool.safety), "fencing_token": active.claim.fencing_token})
+        if tool.safety is Safety.UNSAFE:
+            await self._complete(active, call, Outcome.UNKNOWN,
+                                 {"reason": "in flight when its worker stopped; unsafe to repeat",
+                                  "attempts": call.attempts}, None)
+            raise Paused(call.idempotency_key)
+        if tool.safety is Safety.LOOKUP and await self._looked_up(active, tool, call, call.attempts):
+            return
+        await self._attempts(active, tool, call)
+
+    async def _looked_up(self, active: ActiveRun, tool: Tool[Any], call: Call,
+                         attempt: int) -> bool:
+        """Ask the provider whether the key took effect; complete the call if it did."""
+        assert tool.lookup_fn is not None
+        ctx = self._tool_ctx(active, call, attempt)
+        delay = self.limits.backoff
+        for n in range(1, tool.max_attempts + 1):
+            try:
+                found = await invoke(tool.lookup_fn, ctx, timeout=tool.timeout or self.limits.tool_timeout)
+                break
+            except Exception as exc:
+                if n == tool.max_attempts:
+                    await self._complete(active, call, Outcome.UNKNOWN,
+                                         {"reason": "lookup failed", **_error(exc)}, None)
+                    raise Paused(call.idempotency_key) from exc
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, self.limits.max_backoff)
+        if found is None:
+            return False
+        receipt = _jsonable(found)
+        if not isinstance(receipt, dict):
+            receipt = {"value": receipt}
+        await self._complete(active, call, Outcome.SUCCEEDED, receipt, receipt)
+        return True
+
+    def _tool_ctx(self, active: ActiveRun, call: Call, attempt: int) -> ToolContext:
+        c = active.claim
+        return ToolContext(
+            run_id=c.run_id, flow=f"{c.flow}@{c.flow_version}", turn=call.turn,
+            call_id=call.call_id, tool=call.tool, idempotency_key=call.idempotency_key,
+            fencing_token=c.fencing_token, attempt=attempt, deadline=active.deadline,
+        )
+
+    async def _attempts(self, active: ActiveRun, tool: Tool[Any], call: Call) -> None:
+        """Dispatch and invoke, repeating with the same key where the safety class allows."""
+        c = active.claim
+        delay = self.limits.backoff
+        tries = 0
+        while True:
+            tries += 1
+            self._check_boundary(active)
+            self.crash.hit("before_dispatch", tool.name)
+            active.operation = "dispatch_call"
+            attempt = await self.store.dispatch_call(
+                c.run_id, c.lease_id, c.fencing_token, call.idempotency_key
+            )
+            self.crash.hit("after_dispatch", tool.name)
+            self._check_deadline(active)  # no call starts after the local deadline
+            ctx = self._tool_ctx(active, call, attempt)
+            try:
+                value = await invoke(tool.fn, ctx, timeout=tool.timeout or self.limits.tool_timeout,
+                                     **call.args)
+            except NotApplied as na:
+                if na.retry and tries < tool.max_attempts:
+                    await asyncio.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, self.limits.max_backoff)
+                    continue
+                await self._complete(active, call, Outcome.FAILED,
+                                     {"reason": na.reason, "not_applied": True}, None)
+                return
+            except Exception as exc:  # includes TimeoutError: ambiguous, like a crash
+                log.warning("tool call ambiguous",
+                            extra={"run_id": c.run_id, "key": call.idempotency_key,
+                                   "attempt": attempt, "error": repr(exc)})
+                if tool.safety is Safety.UNSAFE:
+                    await self._complete(active, call, Outcome.UNKNOWN,
+                                         {"reason": "ambiguous failure of an unsafe tool",
+                                          **_error(exc)}, None)
+                    raise Paused(call.idempotency_key) from exc
+                if tool.safety is Safety.LOOKUP and await self._looked_up(active, tool, call, attempt):
+                    return
+                if tries >= tool.max_attempts:
+                    if tool.safety is Safety.IDEMPOTENT:
+                        await self._complete(active, call, Outcome.UNKNOWN,
+                                             {"reason": "retries exhausted", **_error(exc)}, None)
+                        raise Paused(call.idempotency_key) from exc
+                    # read_only, or lookup said it did not happen: certainly no effect
+                    await self._complete(active, call, Outcome.FAILED, _error(exc), None)
+                    return
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, self.limits.max_backoff)
+                continue
+            self.crash.hit("after_effect", tool.name)
+            if isinstance(value, Receipt):
+                result, receipt = _jsonable(value.result), value.receipt
+                receipt = _jsonable(receipt) if receipt is not None else None
+            else:
+                result, receipt = _jsonable(value), None
+            await self._complete(active, call, Outcome.SUCCEEDED, result, receipt)
+            self.crash.hit("after_complete", tool.name)
+            return
+
+    async def _complete(self, active: ActiveRun, call: Call, outcome: Outcome, result: Any,
+                        receipt: dict[str, Any] | None) -> None:
+        c = active.claim
+        active.operation = "complete_call"
+        await self.store.complete_call(c.run_id, c.lease_id, c.fencing_token,
+                                       call.idempotency_key, outcome, result, receipt)
+
+
+class _PolicyFailed(Exception):
+    pass
+
+
+class _MissingTool(Exception):
+    pass

@@ -1,0 +1,242 @@
+"""One worker process: claimer, lease keeper, listener and N run slots on asyncio.
+
+- claimer: woken by ``LISTEN runledger_runs`` (or a finished run, or the poll
+  interval), claims up to the free slots for the ``name@version`` pairs registered;
+- lease keeper: renews every held lease in one ``renew_leases`` call every lease/3;
+  a run missing from the answer is cancelled at once. The local deadline of a lease
+  is measured from when the renew request was *sent*, minus a margin, so the worker
+  stops trusting a lease before the database does;
+- listener: its own connection; when it dies, polling goes on and it reconnects;
+- SIGTERM/SIGINT: stop claiming, let in-flight calls finish within the grace period,
+  release the leases of unfinished runs. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+
+import psycopg
+
+from service.db.store import Store
+from service.flows import Flow
+from service.worker.crash import CrashPoints
+from service.worker.executor import ActiveRun, Executor, Limits
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "runledger_runs"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        database_url: str,
+        flows: Sequence[Flow],
+        worker_id: str | None = None,
+        concurrency: int = 4,
+        lease_seconds: float = 30.0,
+        poll_seconds: float = 2.0,
+        grace_seconds: float = 30.0,
+        limits: Limits | None = None,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        if not flows:
+            raise ValueError("a worker needs at least one flow")
+        self.flows = {f.ref: f for f in flows}
+        if len(self.flows) != len(flows):
+            raise ValueError("the same name@version was registered twice")
+        for f in flows:
+            f.validate()
+        self.database_url = database_url
+        self.worker_id = worker_id or default_worker_id()
+        self.concurrency = concurrency
+        self.lease = dt.timedelta(seconds=lease_seconds)
+        self.lease_seconds = lease_seconds
+        self.margin = min(1.0, lease_seconds * 0.1)
+        self.poll_seconds = poll_seconds
+        self.grace_seconds = grace_seconds
+        self.limits = limits or Limits()
+        self.crash = crash or CrashPoints.from_env()
+        self.active: dict[str, ActiveRun] = {}
+        self.stopping = asyncio.Event()
+        self.wake = asyncio.Event()
+        self._signals = 0
+        self.store: Store | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second stop signal: exiting at once", extra={"worker_id": self.worker_id})
+            os._exit(1)
+        log.info("stopping: draining runs", extra={"worker_id": self.worker_id})
+        self.stopping.set()
+        self.wake.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+
+    async def run(self) -> None:
+        self.store = await Store.connect(
+            self.database_url, min_size=1, max_size=self.concurrency + 3,
+        )
+        store = self.store
+        await store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
+                                    sorted(self.flows))
+        log.info("worker started", extra={"worker_id": self.worker_id,
+                                          "flows": sorted(self.flows),
+                                          "concurrency": self.concurrency})
+        executor = Executor(store, self.flows, worker_id=self.worker_id, limits=self.limits,
+                            crash=self.crash)
+        helpers = [
+            asyncio.create_task(self._keeper(), name="lease-keeper"),
+            asyncio.create_task(self._listener(), name="listener"),
+        ]
+        try:
+            await self._claimer(executor)
+            await self._drain()
+        finally:
+            for t in helpers:
+                t.cancel()
+            for t in helpers:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            with contextlib.suppress(Exception):
+                await store.heartbeat_worker(self.worker_id, stopped=True)
+            await store.close()
+            log.info("worker stopped", extra={"worker_id": self.worker_id})
+
+    async def _drain(self) -> None:
+        for a in self.active.values():
+            a.draining = True
+        tasks = [a.task for a in self.active.values() if a.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.grace_seconds)
+            leftovers = [a for a in self.active.values() if a.task in pending]
+            for a in leftovers:
+                assert a.task is not None
+                a.task.cancel()
+            for a in leftovers:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await a.task  # type: ignore[misc]
+                with contextlib.suppress(Exception):
+                    assert self.store is not None
+                    await self.store.release_lease(a.run_id, a.claim.lease_id,
+                                                   a.claim.fencing_token)
+
+    # -- claimer -----------------------------------------------------------------------
+
+    async def _claimer(self, executor: Executor) -> None:
+        assert self.store is not None
+        while not self.stopping.is_set():
+            self.wake.clear()
+            free = self.concurrency - len(self.active)
+            claimed = 0
+            if free > 0:
+                sent = time.monotonic()
+                try:
+                    runs = await self.store.claim_runs(self.worker_id, sorted(self.flows),
+                                                       self.lease, free)
+                except Exception:
+                    log.exception("claim failed", extra={"worker_id": self.worker_id})
+                    runs = []
+                claimed = len(runs)
+                for run in runs:
+                    active = ActiveRun(claim=run, deadline=sent + self.lease_seconds - self.margin)
+                    self.active[run.run_id] = active
+                    active.task = asyncio.create_task(self._execute(executor, active),
+                                                      name=f"run:{run.run_id}")
+                    log.info("claimed run", extra={"run_id": run.run_id,
+                                                   "worker_id": self.worker_id,
+                                                   "fencing_token": run.fencing_token,
+                                                   "takeover": run.takeover})
+            if claimed and claimed == free:
+                continue  # there may be more waiting; go again at once
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=self.poll_seconds)
+
+    async def _execute(self, executor: Executor, active: ActiveRun) -> None:
+        try:
+            await executor.execute(active)
+        finally:
+            self.active.pop(active.run_id, None)
+            self.wake.set()
+
+    # -- lease keeper --------------------------------------------------------------------
+
+    async def _keeper(self) -> None:
+        assert self.store is not None
+        interval = self.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            held = list(self.active.values())
+            sent = time.monotonic()
+            try:
+                if held:
+                    renewed = await self.store.renew_leases(
+                        self.worker_id, [a.run_id for a in held], [a.claim.lease_id for a in held],
+                        self.lease,
+                    )
+                    kept = {r.run_id for r in renewed}
+                    for a in held:
+                        if a.run_id in kept:
+                            a.deadline = sent + self.lease_seconds - self.margin
+                        else:
+                            self._fence(a, "lease not renewed")
+                await self.store.heartbeat_worker(self.worker_id)
+            except Exception:
+                log.exception("lease renewal failed", extra={"worker_id": self.worker_id})
+            now = time.monotonic()
+            for a in list(self.active.values()):
+                if now >= a.deadline:
+                    self._fence(a, "local lease deadline passed")
+
+    def _fence(self, active: ActiveRun, why: str) -> None:
+        """Stop working on a run at once: its lease is gone or may be gone."""
+        log.warning("dropping run: %s", why, extra={"run_id": active.run_id,
+                                                    "worker_id": self.worker_id,
+                                                    "fencing_token": active.claim.fencing_token})
+        if active.task is not None and not active.task.done():
+            active.task.cancel()
+
+    # -- listener ------------------------------------------------------------------------
+
+    async def _listener(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.database_url, autocommit=True,
+                    application_name=f"runledger-listener:{self.worker_id}"[:63],
+                )
+                async with conn:
+                    await conn.execute("LISTEN runledger_runs")
+                    delay = 0.1
+                    self.wake.set()  # catch up on what was submitted while we were away
+                    async for note in conn.notifies():
+                        if note.payload in self.flows:
+                            self.wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("listener lost, polling meanwhile",
+                            extra={"worker_id": self.worker_id, "error": repr(exc)})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
