@@ -22,6 +22,9 @@ import pytest
 import pytest_asyncio
 
 from service.testing.postgres import Databases, Server, acquire_server
+from service.testing.processes import wait_for
+
+__all__ = ["DbClock", "wait_for"]
 
 
 class DbClock:
@@ -96,3 +99,36 @@ async def store(database_url: str) -> AsyncIterator[Any]:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+def provider() -> Iterator[Any]:
+    """The fake provider in its own process; ``.client`` talks to it, ``.url`` is its address."""
+    from service.testing.processes import ProviderProcess
+
+    p = ProviderProcess()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+@pytest.fixture
+def workers(database_url: str, provider: Any) -> Iterator[Any]:
+    """A :class:`~service.testing.processes.WorkerPool` for the demo flows.
+
+    Start workers with ``workers.start(n)``; override the flows with
+    ``workers.flows = ["myapp.flows:flow"]`` before starting.
+    """
+    from service.testing.processes import WorkerPool
+
+    pool = WorkerPool(
+        database_url,
+        ["service.demo.flows:flows"],
+        env={"RUNLEDGER_PROVIDER_URL": provider.url},
+        args=["--poll-seconds", "0.2"],
+    )
+    try:
+        yield pool
+    finally:
+        pool.close()

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import random
@@ -89,6 +90,14 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str, allow_nan=False))
 
 
+def _unpack(value: Any) -> tuple[Any, dict[str, Any] | None]:
+    """A tool's return value -> (result, receipt)."""
+    if isinstance(value, Receipt):
+        receipt = _jsonable(value.receipt) if value.receipt is not None else None
+        return _jsonable(value.result), receipt
+    return _jsonable(value), None
+
+
 def _error(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": str(exc)[:2000]}
 
@@ -108,6 +117,7 @@ class Executor:
         self.worker_id = worker_id
         self.limits = limits
         self.crash = crash or CrashPoints(None)
+        self._late: set[asyncio.Task[None]] = set()
 
     # -- entry -----------------------------------------------------------------------
 
@@ -130,11 +140,12 @@ class Executor:
             log.exception("run failed in the worker", extra={**fields, "error": repr(exc)})
 
     async def _report_stale(self, active: ActiveRun, exc: errors.LeaseLost) -> None:
+        """Record the refusal in its own transaction; shielded from the run's cancellation."""
         try:
-            await self.store.report_stale_write(
+            await asyncio.shield(self.store.report_stale_write(
                 active.run_id, self.worker_id, active.claim.lease_id, active.claim.fencing_token,
                 active.operation, str(exc),
-            )
+            ))
         except Exception:
             log.exception("could not record the refused write", extra={"run_id": active.run_id})
 
@@ -352,9 +363,14 @@ class Executor:
             self.crash.hit("after_dispatch", tool.name)
             self._check_deadline(active)  # no call starts after the local deadline
             ctx = self._tool_ctx(active, call, attempt)
+            work = asyncio.ensure_future(
+                invoke(tool.fn, ctx, timeout=tool.timeout or self.limits.tool_timeout, **call.args)
+            )
             try:
-                value = await invoke(tool.fn, ctx, timeout=tool.timeout or self.limits.tool_timeout,
-                                     **call.args)
+                value = await asyncio.shield(work)
+            except asyncio.CancelledError:
+                self._abandon(active, tool, call, work)
+                raise
             except NotApplied as na:
                 if na.retry and tries < tool.max_attempts:
                     await asyncio.sleep(delay * (0.5 + random.random()))
@@ -386,14 +402,39 @@ class Executor:
                 delay = min(delay * 2, self.limits.max_backoff)
                 continue
             self.crash.hit("after_effect", tool.name)
-            if isinstance(value, Receipt):
-                result, receipt = _jsonable(value.result), value.receipt
-                receipt = _jsonable(receipt) if receipt is not None else None
-            else:
-                result, receipt = _jsonable(value), None
+            result, receipt = _unpack(value)
             await self._complete(active, call, Outcome.SUCCEEDED, result, receipt)
             self.crash.hit("after_complete", tool.name)
             return
+
+    def _abandon(self, active: ActiveRun, tool: Tool[Any], call: Call,
+                 work: asyncio.Future[Any]) -> None:
+        """The run was fenced locally while its tool was running.
+
+        An async tool is cancelled. A plain ``def`` tool cannot be stopped (it runs in a
+        thread): when it returns, its result is offered to the database anyway, which
+        accepts it only if this lease is still current, and otherwise refuses it -- the
+        refusal is recorded as a ``stale_write_rejected`` event.
+        """
+        if inspect.iscoroutinefunction(tool.fn):
+            work.cancel()
+            return
+        task = asyncio.create_task(self._late_result(active, call, work))
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
+
+    async def _late_result(self, active: ActiveRun, call: Call, work: asyncio.Future[Any]) -> None:
+        try:
+            value = await work
+        except BaseException:
+            return  # ambiguous or cancelled: the next holder recovers the call
+        result, receipt = _unpack(value)
+        try:
+            await self._complete(active, call, Outcome.SUCCEEDED, result, receipt)
+        except errors.LeaseLost as exc:
+            await self._report_stale(active, exc)
+        except Exception:
+            log.exception("late result not recorded", extra={"run_id": active.run_id})
 
     async def _complete(self, active: ActiveRun, call: Call, outcome: Outcome, result: Any,
                         receipt: dict[str, Any] | None) -> None:

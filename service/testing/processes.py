@@ -1,0 +1,162 @@
+"""Real processes for tests: worker processes you can kill, pause and restart, and the
+fake provider in its own process. Waiting is always on a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from service.demo.provider import ProviderClient
+
+T = TypeVar("T")
+
+
+def wait_for(
+    predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}"
+                                 f" (last value {last!r})")
+        time.sleep(interval)
+
+
+class ProviderProcess:
+    """``python -m service.demo.provider`` on a free port."""
+
+    def __init__(self) -> None:
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="runledger-provider-", delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "service.demo.provider", "--port", "0"],
+            stdout=subprocess.PIPE, stderr=self.log, text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            self.proc.kill()
+            raise RuntimeError(f"provider did not start: {line!r}")
+        self.url = line.rsplit(" ", 1)[1].strip()
+        self.client = ProviderClient(self.url)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+class WorkerPool:
+    """N ``runledger worker`` processes against one database.
+
+    ``kill(i)`` SIGKILL, ``stop(i)`` SIGSTOP, ``cont(i)`` SIGCONT, ``terminate(i)``
+    SIGTERM, ``restart(i)`` starts worker *i* again (same worker id). Each worker's
+    stderr goes to a log file (``log(i)``).
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        flows: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        args: Sequence[str] = (),
+        cwd: str | None = None,
+    ) -> None:
+        self.database_url = database_url
+        self.flows = list(flows)
+        self.env = dict(env or {})
+        self.args = list(args)
+        self.cwd = cwd
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+        self.extra_env: list[dict[str, str]] = []
+        self._dir = Path(tempfile.mkdtemp(prefix="runledger-workers-"))
+
+    def worker_id(self, i: int) -> str:
+        return f"w{i}"
+
+    def start(self, n: int = 1, *, env: dict[str, str] | None = None,
+              args: Sequence[str] = ()) -> list[int]:
+        """Start ``n`` more workers; returns their indexes."""
+        started = []
+        for _ in range(n):
+            i = len(self.procs)
+            self.extra_env.append(dict(env or {}))
+            self.logs.append(self._dir / f"worker-{i}.log")
+            self.procs.append(self._spawn(i, list(args)))
+            started.append(i)
+        return started
+
+    def _spawn(self, i: int, args: list[str]) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "service", "worker", "--worker-id", self.worker_id(i)]
+        for spec in self.flows:
+            cmd += ["--flows", spec]
+        cmd += self.args + args
+        env = {**os.environ, **self.env, **self.extra_env[i],
+               "RUNLEDGER_DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1"}
+        log = self.logs[i].open("ab")
+        try:
+            return subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=self.cwd,
+                                    start_new_session=True)
+        finally:
+            log.close()
+
+    def pid(self, i: int) -> int:
+        return self.procs[i].pid
+
+    def signal(self, i: int, sig: signal.Signals) -> None:
+        if self.procs[i].poll() is None:
+            os.kill(self.procs[i].pid, sig)
+
+    def kill(self, i: int) -> None:
+        self.signal(i, signal.SIGKILL)
+        self.procs[i].wait(timeout=30)
+
+    def stop(self, i: int) -> None:
+        self.signal(i, signal.SIGSTOP)
+
+    def cont(self, i: int) -> None:
+        self.signal(i, signal.SIGCONT)
+
+    def terminate(self, i: int) -> None:
+        self.signal(i, signal.SIGTERM)
+
+    def alive(self, i: int) -> bool:
+        return self.procs[i].poll() is None
+
+    def returncode(self, i: int) -> int | None:
+        return self.procs[i].poll()
+
+    def wait(self, i: int, timeout: float = 30.0) -> int:
+        return self.procs[i].wait(timeout=timeout)
+
+    def restart(self, i: int, *, env: dict[str, str] | None = None) -> None:
+        if self.alive(i):
+            self.kill(i)
+        if env is not None:
+            self.extra_env[i] = dict(env)
+        self.procs[i] = self._spawn(i, [])
+
+    def log(self, i: int) -> str:
+        return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else ""
+
+    def close(self) -> None:
+        for i, proc in enumerate(self.procs):
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+            del i
