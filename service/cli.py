@@ -63,7 +63,8 @@ def migrate(database_url: str | None, sql_only: bool, check: bool, revision: str
     if check:
         current, head = m.current(url), m.head()
         if current != head:
-            click.echo(f"behind: database at {current or 'nothing'}, code at {head}", err=True)
+            state = "behind" if current is None or m.known(current) else "unknown to this code"
+            click.echo(f"{state}: database at {current or 'nothing'}, code at {head}", err=True)
             sys.exit(1)
         click.echo(f"up to date: {head}")
         return

@@ -50,6 +50,15 @@ def head() -> str:
     return heads[0]
 
 
+def known(revision: str) -> bool:
+    """Whether this code has ``revision`` (a database ahead of the code has one it lacks)."""
+    script = ScriptDirectory.from_config(alembic_config(None))
+    try:
+        return script.get_revision(revision) is not None
+    except Exception:
+        return False
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 

@@ -60,7 +60,9 @@ settings: Final = Table(
     Column("singleton", Boolean, nullable=False, server_default=text("true")),
     Column("max_payload_bytes", Integer, nullable=False, server_default=text("1048576")),
     Column("clock_offset", INTERVAL, nullable=False, server_default=text("'00:00:00'::interval")),
-    PrimaryKeyConstraint("singleton"),
+    # 0001 declares this key inline, so PostgreSQL named it; the convention would say
+    # pk_settings. Kept as created until a revision renames it.
+    PrimaryKeyConstraint("singleton", name="settings_pkey"),
     CheckConstraint("singleton", name="singleton"),
     CheckConstraint("max_payload_bytes BETWEEN 1024 AND 268435456", name="max_payload_bytes"),
 )

@@ -13,23 +13,30 @@ from typing import Any
 from service.errors import InvalidInput
 
 
+def _encodable(what: str, value: str, where: str = "") -> None:
+    if "\x00" in value:
+        raise InvalidInput(f"{what} contains a NUL character{where}",
+                           hint="PostgreSQL text cannot hold NUL")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"{what} is not valid Unicode{where}: {exc.reason}") from None
+
+
 def check_text(what: str, value: object) -> None:
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
-    if "\x00" in value:
-        raise InvalidInput(f"{what} contains a NUL character", hint="PostgreSQL text cannot hold NUL")
+    _encodable(what, value)
 
 
 def _walk(what: str, value: Any, path: str) -> None:
     if isinstance(value, str):
-        if "\x00" in value:
-            raise InvalidInput(f"{what} contains a NUL character at {path or '$'}")
+        _encodable(what, value, f" at {path or '$'}")
     elif isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidInput(f"{what} has a non-string key at {path or '$'}: {key!r}")
-            if "\x00" in key:
-                raise InvalidInput(f"{what} has a key with a NUL character at {path or '$'}")
+            _encodable(f"{what} key", key, f" at {path or '$'}")
             _walk(what, item, f"{path}.{key}")
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
@@ -48,7 +55,8 @@ def check_json(
         raise InvalidInput(f"{what} must be a JSON object, got {type(value).__name__}")
     _walk(what, value, "")
     try:
-        text = json.dumps(value, allow_nan=False)
+        # measured like the database does: octet_length of UTF-8 text
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} is not JSON: {exc}") from exc
     if cap is not None and len(text.encode()) > cap:

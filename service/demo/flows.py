@@ -65,8 +65,10 @@ def ticket(ctx: ToolContext, title: str = "t", gate: str | None = None) -> dict[
 
 @scripted.tool(safety="lookup")
 def charge(ctx: ToolContext, amount: int = 1, gate: str | None = None) -> Receipt:
+    # A payment provider that can be asked about a reference but does not deduplicate:
+    # only the lookup keeps a retry from charging twice.
     effect = provider().apply(ctx.idempotency_key, "charge", {"amount": amount},
-                              ctx.fencing_token, gate=gate)
+                              ctx.fencing_token, dedupe=False, gate=gate)
     return Receipt(result={"ok": True}, receipt={"effect_id": effect["effect_id"]})
 
 

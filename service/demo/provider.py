@@ -44,6 +44,7 @@ class FakeProvider:
     check_tokens: bool = False
     fail_after_apply: int = 0
     fail_before_apply: int = 0
+    latency: float = 0.0
     effects: list[dict[str, Any]] = field(default_factory=list)
     max_token: dict[str, int] = field(default_factory=dict)
     gates: dict[str, threading.Event] = field(default_factory=dict)
@@ -51,7 +52,8 @@ class FakeProvider:
 
     def configure(self, settings: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            for name in ("idempotent", "check_tokens", "fail_after_apply", "fail_before_apply"):
+            for name in ("idempotent", "check_tokens", "fail_after_apply", "fail_before_apply",
+                         "latency"):
                 if name in settings:
                     setattr(self, name, type(getattr(self, name))(settings[name]))
             return self.config()
@@ -59,7 +61,7 @@ class FakeProvider:
     def config(self) -> dict[str, Any]:
         return {"idempotent": self.idempotent, "check_tokens": self.check_tokens,
                 "fail_after_apply": self.fail_after_apply,
-                "fail_before_apply": self.fail_before_apply}
+                "fail_before_apply": self.fail_before_apply, "latency": self.latency}
 
     def reset(self) -> None:
         with self.lock:
@@ -70,6 +72,7 @@ class FakeProvider:
             self.gates.clear()
             self.idempotent, self.check_tokens = True, False
             self.fail_after_apply = self.fail_before_apply = 0
+            self.latency = 0.0
 
     def gate(self, name: str) -> threading.Event:
         with self.lock:
@@ -101,6 +104,8 @@ class FakeProvider:
             fail = self.fail_after_apply > 0
             if fail:
                 self.fail_after_apply -= 1
+        if self.latency:
+            time.sleep(self.latency)  # the provider is slow: calls are in flight when workers die
         gate = req.get("gate")
         if gate:
             self.gate(str(gate)).wait(timeout=float(req.get("gate_timeout", 120)))

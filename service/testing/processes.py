@@ -83,6 +83,7 @@ class WorkerPool:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
         self.extra_env: list[dict[str, str]] = []
+        self.extra_args: list[list[str]] = []
         self._dir = Path(tempfile.mkdtemp(prefix="runledger-workers-"))
 
     def worker_id(self, i: int) -> str:
@@ -95,16 +96,17 @@ class WorkerPool:
         for _ in range(n):
             i = len(self.procs)
             self.extra_env.append(dict(env or {}))
+            self.extra_args.append(list(args))
             self.logs.append(self._dir / f"worker-{i}.log")
-            self.procs.append(self._spawn(i, list(args)))
+            self.procs.append(self._spawn(i))
             started.append(i)
         return started
 
-    def _spawn(self, i: int, args: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "service", "worker", "--worker-id", self.worker_id(i)]
         for spec in self.flows:
             cmd += ["--flows", spec]
-        cmd += self.args + args
+        cmd += self.args + self.extra_args[i]
         env = {**os.environ, **self.env, **self.extra_env[i],
                "RUNLEDGER_DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1"}
         log = self.logs[i].open("ab")
@@ -144,11 +146,12 @@ class WorkerPool:
         return self.procs[i].wait(timeout=timeout)
 
     def restart(self, i: int, *, env: dict[str, str] | None = None) -> None:
+        """Start worker ``i`` again with its id and arguments (killing it first if alive)."""
         if self.alive(i):
             self.kill(i)
         if env is not None:
             self.extra_env[i] = dict(env)
-        self.procs[i] = self._spawn(i, [])
+        self.procs[i] = self._spawn(i)
 
     def log(self, i: int) -> str:
         return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else ""

@@ -163,6 +163,27 @@ def test_migrate_sql_prints_the_schema_without_a_database(no_database_env: None)
     assert re.search(r"INSERT INTO runledger\.alembic_version .*'0001'", sql), sql[-2000:]
 
 
+def test_migrate_sql_in_a_clean_process(tmp_path: Path) -> None:
+    """The real entry point, no database settings at all, from an unrelated directory."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not (k.startswith(("RUNLEDGER_", "PG")) or k == "DATABASE_URL")
+    }
+    env["PGHOST"] = "/nonexistent-runledger-test"
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "migrate", "--sql"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "CREATE FUNCTION runledger.claim_runs" in done.stdout
+    assert "CREATE FUNCTION runledger.claim_runs" not in done.stderr
+
+
 # -- several processes migrating one database at once ------------------------------------------
 
 

@@ -160,5 +160,7 @@ def test_catalog_holds_the_named_invariants(database_url: str) -> None:
         "ck_runs_running_has_lease",
         "ck_run_calls_key",
     } <= constraint_names
-    partial = {name: definition for _, name, definition in got["indexes"] if " WHERE " in definition}
+    partial = {
+        name: definition for _, name, definition in got["indexes"] if " WHERE " in definition
+    }
     assert set(partial) == {"ix_runs_claimable", "ix_run_calls_open"}

@@ -1,0 +1,283 @@
+"""The stored functions are the contract (DESIGN.md, "Functions"): names, argument order
+and types, results, SECURITY DEFINER, a pinned search_path, and no EXECUTE for PUBLIC.
+
+Types are written here as DESIGN.md spells them and resolved by PostgreSQL
+(``to_regtype``/``to_regprocedure``), so ``int`` and ``integer`` are the same type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from service.testing.postgres import Databases
+
+Conn = psycopg.Connection[dict[str, Any]]
+
+PINNED_SEARCH_PATH = "search_path=pg_catalog, runledger, pg_temp"
+
+
+class Fn(NamedTuple):
+    name: str
+    args: list[tuple[str, str]]
+    returns: str | list[tuple[str, str]] | None  # None: DESIGN.md does not say
+    defaults: int = 0
+    role: str = "runledger_worker"
+
+
+WORKER = "runledger_worker"
+OPERATOR = "runledger_operator"
+
+CONTRACT: list[Fn] = [
+    Fn(
+        "submit_run",
+        [
+            ("p_run_id", "text"),
+            ("p_flow", "text"),
+            ("p_flow_version", "text"),
+            ("p_input", "jsonb"),
+            ("p_priority", "int"),
+            ("p_available_at", "timestamptz"),
+        ],
+        [("run_id", "text"), ("created", "boolean")],
+        defaults=2,
+    ),
+    Fn(
+        "claim_runs",
+        [
+            ("p_worker_id", "text"),
+            ("p_flows", "text[]"),
+            ("p_lease", "interval"),
+            ("p_max_runs", "int"),
+        ],
+        [
+            ("run_id", "text"),
+            ("flow", "text"),
+            ("flow_version", "text"),
+            ("input", "jsonb"),
+            ("state", "jsonb"),
+            ("state_version", "bigint"),
+            ("fencing_token", "bigint"),
+            ("lease_id", "uuid"),
+            ("lease_expires_at", "timestamptz"),
+            ("takeover", "boolean"),
+        ],
+    ),
+    Fn(
+        "renew_leases",
+        [
+            ("p_worker_id", "text"),
+            ("p_run_ids", "text[]"),
+            ("p_lease_ids", "uuid[]"),
+            ("p_lease", "interval"),
+        ],
+        [("run_id", "text"), ("lease_expires_at", "timestamptz")],
+    ),
+    Fn(
+        "checkpoint",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_expected_version", "bigint"),
+            ("p_state", "jsonb"),
+        ],
+        "bigint",
+    ),
+    Fn(
+        "record_turn",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_turn", "int"),
+            ("p_calls", "jsonb"),
+        ],
+        "void",
+    ),
+    Fn(
+        "dispatch_call",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_idempotency_key", "text"),
+        ],
+        "int",
+    ),
+    Fn(
+        "complete_call",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_idempotency_key", "text"),
+            ("p_outcome", "text"),
+            ("p_result", "jsonb"),
+            ("p_receipt", "jsonb"),
+        ],
+        "void",
+    ),
+    Fn(
+        "finish_run",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_status", "text"),
+            ("p_result", "jsonb"),
+            ("p_reason", "text"),
+        ],
+        "void",
+    ),
+    Fn(
+        "release_lease",
+        [("p_run_id", "text"), ("p_lease_id", "uuid"), ("p_fencing_token", "bigint")],
+        "void",
+    ),
+    Fn(
+        "resolve_call",
+        [
+            ("p_idempotency_key", "text"),
+            ("p_resolution", "text"),
+            ("p_receipt", "jsonb"),
+            ("p_actor", "text"),
+            ("p_note", "text"),
+        ],
+        "void",
+        role=OPERATOR,
+    ),
+    Fn(
+        "cancel_run",
+        [("p_run_id", "text"), ("p_actor", "text"), ("p_reason", "text")],
+        "void",
+        role=OPERATOR,
+    ),
+    Fn("retry_run", [("p_run_id", "text"), ("p_actor", "text")], "void", role=OPERATOR),
+    Fn(
+        "prune_runs",
+        [("p_before", "timestamptz"), ("p_keep_events", "boolean")],
+        None,
+        role=OPERATOR,
+    ),
+]
+
+
+def _oid_of_type(conn: Conn, name: str) -> int:
+    row = conn.execute("SELECT to_regtype(%s)::int AS oid", (name,)).fetchone()
+    assert row is not None and row["oid"] is not None, f"unknown type {name}"
+    return int(row["oid"])
+
+
+def _proc(conn: Conn, name: str) -> dict[str, Any]:
+    rows = conn.execute(
+        """
+        SELECT p.oid::int AS oid, p.prosecdef, p.proconfig, p.proretset,
+               p.prorettype::int AS prorettype, p.proargnames,
+               p.proargtypes::oid[]::int[] AS in_types,
+               p.proallargtypes::int[] AS all_types, p.proargmodes::text[] AS modes,
+               p.pronargdefaults, p.proowner = n.nspowner AS owned_by_schema_owner,
+               p.proacl IS NOT NULL AS has_acl,
+               pg_get_function_identity_arguments(p.oid) AS identity
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'runledger' AND p.proname = %s
+        """,
+        (name,),
+    ).fetchall()
+    assert len(rows) == 1, f"runledger.{name}: expected exactly one function, found {len(rows)}"
+    return rows[0]
+
+
+@pytest.fixture(scope="module")
+def conn(runledger_databases: Databases) -> Iterator[Conn]:
+    """One migrated database for the module: these tests only read the catalog."""
+    url = runledger_databases.create("rl_fn")
+    try:
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as c:
+            yield c
+    finally:
+        runledger_databases.drop(url)
+
+
+@pytest.mark.parametrize("fn", CONTRACT, ids=[f.name for f in CONTRACT])
+def test_signature_matches_design(conn: Conn, fn: Fn) -> None:
+    proc = _proc(conn, fn.name)
+    signature = f"runledger.{fn.name}({', '.join(t for _, t in fn.args)})"
+    row = conn.execute("SELECT to_regprocedure(%s)::int AS oid", (signature,)).fetchone()
+    assert row is not None and row["oid"] == proc["oid"], (
+        f"{signature} does not exist; the database has runledger.{fn.name}({proc['identity']})"
+    )
+
+    modes: list[str] = proc["modes"] or ["i"] * len(proc["in_types"])
+    names: list[str] = proc["proargnames"] or []
+    in_names = [n for n, m in zip(names, modes, strict=True) if m in ("i", "b", "v")]
+    assert in_names == [n for n, _ in fn.args], proc["identity"]
+    assert proc["in_types"] == [_oid_of_type(conn, t) for _, t in fn.args], proc["identity"]
+    assert proc["pronargdefaults"] == fn.defaults
+
+    if isinstance(fn.returns, list):
+        assert proc["proretset"], f"{fn.name} must return a set (RETURNS TABLE)"
+        out = [
+            (n, t)
+            for n, t, m in zip(names, proc["all_types"], modes, strict=True)
+            if m in ("t", "o")
+        ]
+        assert out == [(n, _oid_of_type(conn, t)) for n, t in fn.returns]
+    elif fn.returns is not None:
+        assert not proc["proretset"]
+        assert proc["prorettype"] == _oid_of_type(conn, fn.returns)
+
+
+@pytest.mark.parametrize("fn", CONTRACT, ids=[f.name for f in CONTRACT])
+def test_security_definer_pinned_and_not_public(conn: Conn, fn: Fn) -> None:
+    proc = _proc(conn, fn.name)
+    assert proc["prosecdef"], f"{fn.name} is not SECURITY DEFINER"
+    assert PINNED_SEARCH_PATH in (proc["proconfig"] or []), proc["proconfig"]
+    assert proc["owned_by_schema_owner"], f"{fn.name} is not owned by the schema owner"
+    # proacl NULL means the default privileges, which include EXECUTE for PUBLIC.
+    assert proc["has_acl"], f"{fn.name} has default privileges (PUBLIC may execute it)"
+    row = conn.execute(
+        "SELECT count(*) AS n FROM pg_proc p, aclexplode(p.proacl) a "
+        "WHERE p.oid = %s AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'",
+        (proc["oid"],),
+    ).fetchone()
+    assert row is not None and row["n"] == 0, f"PUBLIC can execute runledger.{fn.name}"
+    row = conn.execute(
+        "SELECT has_function_privilege(%s, %s::oid, 'EXECUTE') AS ok", (fn.role, proc["oid"])
+    ).fetchone()
+    assert row is not None and row["ok"], f"{fn.role} cannot execute {fn.name}"
+
+
+def test_every_function_of_the_schema_is_pinned_and_not_public(
+    conn: Conn,
+) -> None:
+    """Helpers and trigger functions too: nothing in the schema runs with a loose path."""
+    rows = conn.execute(
+        """
+        SELECT p.oid::regprocedure::text AS fn, p.proconfig,
+               p.proacl IS NULL OR EXISTS (
+                   SELECT 1 FROM aclexplode(p.proacl) a
+                   WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') AS public_exec
+        FROM pg_proc p WHERE p.pronamespace = 'runledger'::regnamespace
+        """
+    ).fetchall()
+    assert len(rows) >= len(CONTRACT)
+    loose = [r["fn"] for r in rows if PINNED_SEARCH_PATH not in (r["proconfig"] or [])]
+    public = [r["fn"] for r in rows if r["public_exec"]]
+    assert (loose, public) == ([], [])
+
+
+def test_worker_role_cannot_run_operator_functions(conn: Conn) -> None:
+    for fn in CONTRACT:
+        if fn.role != OPERATOR:
+            continue
+        oid = _proc(conn, fn.name)["oid"]
+        row = conn.execute(
+            "SELECT has_function_privilege('runledger_worker', %s::oid, 'EXECUTE') AS ok",
+            (oid,),
+        ).fetchone()
+        assert row is not None and not row["ok"], f"runledger_worker can execute {fn.name}"

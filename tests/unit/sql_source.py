@@ -1,0 +1,65 @@
+"""Read facts out of the contract SQL text (no database): regexes and CHECK word lists."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+SQL_FILE = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0001_contract.sql"
+
+# What the SQL patterns may contain for the translation below to be exact: anchors,
+# bracket expressions of ASCII letters/digits/punctuation, and {m,n} bounds.
+_SIMPLE_POSIX = re.compile(r"\^(?:\[[A-Za-z0-9._:@+\-]+\](?:\{\d+,\d+\})?|@)+\$")
+
+
+@cache
+def sql_text() -> str:
+    return SQL_FILE.read_text(encoding="utf-8")
+
+
+def sql_patterns(subject: str) -> list[str]:
+    """Every POSIX regex the SQL matches ``subject`` against with ``~`` or ``!~``."""
+    found = re.findall(r"(?<![\w>])" + re.escape(subject) + r"\s*!?~\s*'([^']*)'", sql_text())
+    assert found, f"no regex applied to {subject!r} in {SQL_FILE.name}"
+    return found
+
+
+def sql_pattern(subject: str) -> str:
+    patterns = set(sql_patterns(subject))
+    assert len(patterns) == 1, f"{subject!r} is checked against different regexes: {patterns}"
+    return patterns.pop()
+
+
+def as_python(posix: str) -> re.Pattern[str]:
+    """The same language for ``re.fullmatch``.
+
+    PostgreSQL's ``$`` matches only at the very end, Python's also before a final newline,
+    so the anchors are dropped and the caller uses ``fullmatch``. Everything else in these
+    patterns (bracket expressions of ASCII ranges, ``{m,n}``) means the same in both.
+    """
+    assert _SIMPLE_POSIX.fullmatch(posix), f"pattern outside the translatable subset: {posix}"
+    return re.compile(posix[1:-1])
+
+
+def check_words(constraint: str) -> list[str]:
+    """The quoted words of ``CONSTRAINT <constraint> CHECK (... IN (...))``."""
+    match = re.search(
+        re.escape(constraint) + r"\s+CHECK\s*\(\s*\w+\s+IN\s*\(([^)]*)\)", sql_text(), re.S
+    )
+    assert match, f"no CHECK ... IN (...) named {constraint}"
+    return re.findall(r"'([^']*)'", match.group(1))
+
+
+def word_arrays(what: str) -> list[str]:
+    """The ARRAY[...] passed to ``runledger._check_word('<what>', ...)``."""
+    match = re.search(
+        r"_check_word\('" + re.escape(what) + r"',\s*\w+,\s*ARRAY\[([^\]]*)\]", sql_text()
+    )
+    assert match, f"no _check_word('{what}', ...) in the SQL"
+    return re.findall(r"'([^']*)'", match.group(1))
+
+
+def raised_sqlstates() -> set[str]:
+    """Every SQLSTATE of class RL that the SQL raises."""
+    return set(re.findall(r"_raise\('(RL\d{3})'", sql_text()))
