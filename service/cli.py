@@ -250,6 +250,20 @@ def retry(database_url: str | None, run_id: str) -> None:
     click.echo(f"{run_id} queued")
 
 
+@main.command(context_settings=CONTEXT)
+@click.option("--database-url", envvar=["RUNLEDGER_DATABASE_URL", "DATABASE_URL"],
+              show_envvar=True, help="PostgreSQL URL; default: a throwaway cluster.")
+@_opt("--runs", type=click.IntRange(1, 10000), default=40, help="Runs to submit.")
+@_opt("--workers", "n_workers", type=click.IntRange(1, 32), default=3, help="Worker processes.")
+@_opt("--kills", type=click.IntRange(0, 100), default=3, help="SIGKILLs during the run.")
+@_opt("--seed", type=int, default=7, help="Which workers get killed.")
+def demo(database_url: str | None, runs: int, n_workers: int, kills: int, seed: int) -> None:
+    """Run the demo: workers SIGKILLed mid-call, then an audit of the effects."""
+    from service.demo.run import run_demo
+
+    sys.exit(run_demo(database_url, runs, n_workers, kills, seed))
+
+
 def run() -> None:
     """Entry point that turns runledger errors into exit code 1 with a clear line."""
     try:
