@@ -251,6 +251,26 @@ def retry(database_url: str | None, run_id: str) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@database_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def audit(database_url: str | None, as_json: bool) -> None:
+    """Check the run tables' invariants; exit 1 when any is broken."""
+    from service.audit import run_checks
+
+    findings = run_checks(_database_url(database_url))
+    if as_json:
+        emit([{"check": f.check.name, "ok": f.ok, "violations": f.rows} for f in findings],
+             as_json=True)
+    else:
+        for f in findings:
+            mark = "ok  " if f.ok else "FAIL"
+            click.echo(f"{mark} {f.check.name}: {f.check.description}")
+            for row in f.rows:
+                click.echo(f"     {json.dumps(row, default=str)}")
+    sys.exit(0 if all(f.ok for f in findings) else 1)
+
+
+@main.command(context_settings=CONTEXT)
 @click.option("--database-url", envvar=["RUNLEDGER_DATABASE_URL", "DATABASE_URL"],
               show_envvar=True, help="PostgreSQL URL; default: a throwaway cluster.")
 @_opt("--runs", type=click.IntRange(1, 10000), default=40, help="Runs to submit.")

@@ -88,10 +88,10 @@ def _play(db: str, provider: ProviderProcess, pool: WorkerPool, runs: int, worke
             pool.restart(victim)
         wait_for(lambda: settled() == runs, timeout=300, interval=0.1, what="all runs settled")
         elapsed = time.monotonic() - started
-        return _audit(conn, prefix, provider, runs, elapsed)
+        return _audit(conn, db, prefix, provider, runs, elapsed)
 
 
-def _audit(conn: psycopg.Connection[Any], prefix: str, provider: ProviderProcess, runs: int,
+def _audit(conn: psycopg.Connection[Any], db: str, prefix: str, provider: ProviderProcess, runs: int,
            elapsed: float) -> int:
     like = f"{prefix}-%"
     statuses = dict(conn.execute(
@@ -117,7 +117,12 @@ def _audit(conn: psycopg.Connection[Any], prefix: str, provider: ProviderProcess
     for (key,) in unknown:
         click.echo(f"  unknown (e-mail may or may not have gone out): {key}"
                    f" -> runledger resolve {key} applied|not_applied|abandoned")
-    ok = not duplicated and not missing and set(statuses) <= {"succeeded", "paused"}
+    from service.audit import run_checks
+
+    broken = [f.check.name for f in run_checks(db) if not f.ok]
+    click.echo(f"invariant checks (runledger audit): {'all ok' if not broken else broken}")
+    ok = (not duplicated and not missing and not broken
+          and set(statuses) <= {"succeeded", "paused"})
     click.echo("audit: OK" if ok else "audit: FAILED")
     return 0 if ok else 1
 
