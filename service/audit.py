@@ -23,8 +23,7 @@ class Check:
 CHECKS: tuple[Check, ...] = (
     Check(
         "succeeded_call_without_completion",
-        "a succeeded call has the token it completed under and never more attempts than "
-        "dispatches",
+        "a succeeded call has the token it completed under and never more attempts than dispatches",
         """SELECT idempotency_key, completed_token, attempts FROM runledger.run_calls
            WHERE status = 'succeeded' AND resolved_by IS NULL
              AND (completed_token IS NULL OR dispatched_token IS NULL OR attempts < 1)""",

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from service import errors
 from service.config import load_settings
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 CONTEXT = {"auto_envvar_prefix": "RUNLEDGER", "show_default": True}
 
@@ -74,7 +77,7 @@ def migrate(database_url: str | None, sql_only: bool, check: bool, revision: str
     click.echo(f"migrated: {before or 'empty'} -> {after}")
 
 
-def _opt(*decls: str, **kwargs: Any) -> Any:
+def _opt(*decls: str, **kwargs: Any) -> Callable[[F], F]:
     """An option that also reads RUNLEDGER_<NAME> and says so in --help."""
     kwargs.setdefault("show_envvar", True)
     return click.option(*decls, **kwargs)
@@ -82,28 +85,62 @@ def _opt(*decls: str, **kwargs: Any) -> Any:
 
 @main.command(context_settings=CONTEXT)
 @database_option
-@_opt("--flows", "flow_specs", multiple=True, required=True, envvar="RUNLEDGER_FLOWS",
-      help="package.module:attribute holding a Flow or a list of Flows (repeatable).")
+@_opt(
+    "--flows",
+    "flow_specs",
+    multiple=True,
+    required=True,
+    envvar="RUNLEDGER_FLOWS",
+    help="package.module:attribute holding a Flow or a list of Flows (repeatable).",
+)
 @_opt("--concurrency", type=click.IntRange(1, 1000), default=4, help="Run slots.")
 @_opt("--lease-seconds", type=click.FloatRange(1, 86400), default=30.0, help="Lease length.")
 @_opt("--worker-id", default=None, help="Stable id for this worker (default host:pid:random).")
-@_opt("--poll-seconds", type=click.FloatRange(0.05, 3600), default=2.0,
-      help="Claim poll interval when no notification arrives.")
-@_opt("--grace-seconds", type=click.FloatRange(0, 3600), default=30.0,
-      help="On SIGTERM, time for in-flight calls to finish.")
+@_opt(
+    "--poll-seconds",
+    type=click.FloatRange(0.05, 3600),
+    default=2.0,
+    help="Claim poll interval when no notification arrives.",
+)
+@_opt(
+    "--grace-seconds",
+    type=click.FloatRange(0, 3600),
+    default=30.0,
+    help="On SIGTERM, time for in-flight calls to finish.",
+)
 @_opt("--max-turns", type=click.IntRange(1), default=50, help="Per-run budget of turns.")
 @_opt("--max-calls", type=click.IntRange(1), default=200, help="Per-run budget of tool calls.")
-@_opt("--max-stalled-claims", type=click.IntRange(1), default=5,
-      help="Claims without progress before a run fails as crash_loop.")
-@_opt("--tool-timeout", type=click.FloatRange(0.01), default=300.0,
-      help="Default tool timeout in seconds (a timeout is ambiguous).")
+@_opt(
+    "--max-stalled-claims",
+    type=click.IntRange(1),
+    default=5,
+    help="Claims without progress before a run fails as crash_loop.",
+)
+@_opt(
+    "--tool-timeout",
+    type=click.FloatRange(0.01),
+    default=300.0,
+    help="Default tool timeout in seconds (a timeout is ambiguous).",
+)
 @_opt("--policy-timeout", type=click.FloatRange(0.01), default=300.0, help="Policy timeout.")
 @_opt("--log-json", is_flag=True, help="JSON log lines on stderr.")
 @_opt("--log-level", default="INFO", help="Log level.")
-def worker(database_url: str | None, flow_specs: tuple[str, ...], concurrency: int,
-           lease_seconds: float, worker_id: str | None, poll_seconds: float,
-           grace_seconds: float, max_turns: int, max_calls: int, max_stalled_claims: int,
-           tool_timeout: float, policy_timeout: float, log_json: bool, log_level: str) -> None:
+def worker(
+    database_url: str | None,
+    flow_specs: tuple[str, ...],
+    concurrency: int,
+    lease_seconds: float,
+    worker_id: str | None,
+    poll_seconds: float,
+    grace_seconds: float,
+    max_turns: int,
+    max_calls: int,
+    max_stalled_claims: int,
+    tool_timeout: float,
+    policy_timeout: float,
+    log_json: bool,
+    log_level: str,
+) -> None:
     """Run a worker process: claim runs of the given flows and drive them."""
     import os
 
@@ -115,12 +152,22 @@ def worker(database_url: str | None, flow_specs: tuple[str, ...], concurrency: i
         sys.path.insert(0, os.getcwd())
     try:
         flows = load_flows(flow_specs)
-        w = Worker(database_url=url, flows=flows, worker_id=worker_id, concurrency=concurrency,
-                   lease_seconds=lease_seconds, poll_seconds=poll_seconds,
-                   grace_seconds=grace_seconds,
-                   limits=Limits(max_turns=max_turns, max_calls=max_calls,
-                                 max_stalled_claims=max_stalled_claims,
-                                 tool_timeout=tool_timeout, policy_timeout=policy_timeout))
+        w = Worker(
+            database_url=url,
+            flows=flows,
+            worker_id=worker_id,
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            poll_seconds=poll_seconds,
+            grace_seconds=grace_seconds,
+            limits=Limits(
+                max_turns=max_turns,
+                max_calls=max_calls,
+                max_stalled_claims=max_stalled_claims,
+                tool_timeout=tool_timeout,
+                policy_timeout=policy_timeout,
+            ),
+        )
     except (ValueError, ImportError) as exc:
         raise click.UsageError(str(exc)) from exc
     run_worker(w)
@@ -139,8 +186,14 @@ def _client(database_url: str | None) -> Any:
 @_opt("--run-id", default=None, help="Run id (default: generated). Resubmitting is a no-op.")
 @_opt("--priority", type=int, default=0, help="Higher runs first.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def submit(database_url: str | None, flow: str, input_json: str, run_id: str | None,
-           priority: int, as_json: bool) -> None:
+def submit(
+    database_url: str | None,
+    flow: str,
+    input_json: str,
+    run_id: str | None,
+    priority: int,
+    as_json: bool,
+) -> None:
     """Submit a run of FLOW (name@version)."""
     try:
         payload = json.loads(input_json)
@@ -150,8 +203,9 @@ def submit(database_url: str | None, flow: str, input_json: str, run_id: str | N
         name, version = client.resolve_flow(flow)
         ref = f"{name}@{version}"
         if ref not in client.known_flows():
-            click.echo(f"warning: no worker has registered {ref} yet; the run waits for one",
-                       err=True)
+            click.echo(
+                f"warning: no worker has registered {ref} yet; the run waits for one", err=True
+            )
         res = client.submit(flow, payload, run_id=run_id, priority=priority)
     if as_json:
         emit({"run_id": res.run_id, "created": res.created}, as_json=True)
@@ -177,20 +231,33 @@ def status(database_url: str | None, run_id: str, as_json: bool) -> None:
     if as_json:
         import dataclasses
 
-        emit({"run": _run_dict(run), "calls": [
-            {**dataclasses.asdict(c), "status": str(c.status)} for c in calls]}, as_json=True)
+        emit(
+            {
+                "run": _run_dict(run),
+                "calls": [{**dataclasses.asdict(c), "status": str(c.status)} for c in calls],
+            },
+            as_json=True,
+        )
         return
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{run.run_id}[/] {run.flow}@{run.flow_version} [bold]{run.status}[/] "
-                  f"token={run.fencing_token} state_version={run.state_version}"
-                  + (f" pause_reason={run.pause_reason!r}" if run.pause_reason else ""))
+    console.print(
+        f"[bold]{run.run_id}[/] {run.flow}@{run.flow_version} [bold]{run.status}[/] "
+        f"token={run.fencing_token} state_version={run.state_version}"
+        + (f" pause_reason={run.pause_reason!r}" if run.pause_reason else "")
+    )
     table = Table("key", "tool", "status", "attempts", "result", "receipt")
     for c in calls:
-        table.add_row(c.idempotency_key, c.tool, str(c.status), str(c.attempts),
-                      json.dumps(c.result), json.dumps(c.receipt))
+        table.add_row(
+            c.idempotency_key,
+            c.tool,
+            str(c.status),
+            str(c.attempts),
+            json.dumps(c.result),
+            json.dumps(c.receipt),
+        )
     console.print(table)
 
 
@@ -217,8 +284,9 @@ def wait(database_url: str | None, run_id: str, timeout: float, as_json: bool) -
 @click.argument("resolution", type=click.Choice(["applied", "not_applied", "abandoned"]))
 @click.option("--receipt", default=None, help="Provider receipt (JSON object) for 'applied'.")
 @click.option("--note", default=None, help="Why; kept in the ledger.")
-def resolve(database_url: str | None, key: str, resolution: str, receipt: str | None,
-            note: str | None) -> None:
+def resolve(
+    database_url: str | None, key: str, resolution: str, receipt: str | None, note: str | None
+) -> None:
     """Resolve an unknown call of a paused run."""
     try:
         receipt_obj = json.loads(receipt) if receipt else None
@@ -259,8 +327,10 @@ def audit(database_url: str | None, as_json: bool) -> None:
 
     findings = run_checks(_database_url(database_url))
     if as_json:
-        emit([{"check": f.check.name, "ok": f.ok, "violations": f.rows} for f in findings],
-             as_json=True)
+        emit(
+            [{"check": f.check.name, "ok": f.ok, "violations": f.rows} for f in findings],
+            as_json=True,
+        )
     else:
         for f in findings:
             mark = "ok  " if f.ok else "FAIL"
@@ -271,8 +341,12 @@ def audit(database_url: str | None, as_json: bool) -> None:
 
 
 @main.command(context_settings=CONTEXT)
-@click.option("--database-url", envvar=["RUNLEDGER_DATABASE_URL", "DATABASE_URL"],
-              show_envvar=True, help="PostgreSQL URL; default: a throwaway cluster.")
+@click.option(
+    "--database-url",
+    envvar=["RUNLEDGER_DATABASE_URL", "DATABASE_URL"],
+    show_envvar=True,
+    help="PostgreSQL URL; default: a throwaway cluster.",
+)
 @_opt("--runs", type=click.IntRange(1, 10000), default=40, help="Runs to submit.")
 @_opt("--workers", "n_workers", type=click.IntRange(1, 32), default=3, help="Worker processes.")
 @_opt("--kills", type=click.IntRange(0, 100), default=3, help="SIGKILLs during the run.")

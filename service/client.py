@@ -41,8 +41,9 @@ class Client:
         self.database_url = load_settings(database_url=database_url).require_database_url()
         self.actor = actor or f"client:{getpass.getuser()}"
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="runledger-client",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="runledger-client", daemon=True
+        )
         self._thread.start()
         try:
             self._store: Store = self._run(Store.connect(self.database_url, max_size=2))
@@ -87,11 +88,13 @@ class Client:
                 raise errors.InvalidInput(str(exc)) from exc
         if version is not None:
             return flow, version
-        known = sorted(v for n, v in map(parse_flow_ref, self._run(self._store.known_flows()))
-                       if n == flow)
+        known = sorted(
+            v for n, v in map(parse_flow_ref, self._run(self._store.known_flows())) if n == flow
+        )
         if len(known) != 1:
             raise errors.InvalidInput(
-                f"flow {flow!r}: give a version (name@version); workers registered {known or 'none'}"
+                f"flow {flow!r}: give a version (name@version); "
+                f"workers registered {known or 'none'}"
             )
         return flow, known[0]
 

@@ -32,7 +32,8 @@ class Settings(BaseSettings):
         url = self.database_url or os.environ.get("DATABASE_URL")
         if not url:
             raise ConfigurationError(
-                "no database URL: set RUNLEDGER_DATABASE_URL (or DATABASE_URL), or pass --database-url"
+                "no database URL: set RUNLEDGER_DATABASE_URL (or DATABASE_URL), "
+                "or pass --database-url"
             )
         return normalize_url(url)
 

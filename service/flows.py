@@ -126,7 +126,7 @@ class Tool(Generic[F]):
         return self.fn(*args, **kwargs)
 
     def lookup(self, fn: LookupFn) -> LookupFn:
-        """Register ``fn(ctx) -> receipt dict | None``: did the effect with ctx.idempotency_key happen?"""
+        """Register ``fn(ctx) -> receipt dict | None``: did ``ctx.idempotency_key`` take effect?"""
         if self.safety is not Safety.LOOKUP:
             raise TypeError(f"tool {self.name} is {self.safety}; only lookup tools take a lookup")
         self.lookup_fn = fn
@@ -154,7 +154,9 @@ class Flow:
         if not FLOW_NAME_RE.fullmatch(name):
             raise ValueError(f"invalid flow name {name!r}: 1-128 characters of [A-Za-z0-9._-]")
         if not FLOW_VERSION_RE.fullmatch(version):
-            raise ValueError(f"invalid flow version {version!r}: 1-64 characters of [A-Za-z0-9._+-]")
+            raise ValueError(
+                f"invalid flow version {version!r}: 1-64 characters of [A-Za-z0-9._+-]"
+            )
         self.name = name
         self.version = version
         self.max_turns = max_turns
@@ -171,19 +173,24 @@ class Flow:
 
     def tool(
         self,
-        fn: Callable[..., Any] | None = None,
         *,
         safety: Safety | str,
         name: str | None = None,
         timeout: float | None = None,
         max_attempts: int = 3,
-    ) -> Any:
-        """Register a tool: ``@flow.tool(safety="idempotent")``."""
+    ) -> Callable[[Callable[..., Any]], Tool[Any]]:
+        """Register a tool: ``@flow.tool(safety="idempotent")``.
+
+        ``timeout`` (seconds) bounds one attempt; a timeout is ambiguous. ``max_attempts``
+        bounds repeats with the same key where the safety class allows them.
+        """
         try:
             klass = Safety(safety)
         except ValueError:
             allowed = ", ".join(s.value for s in Safety)
-            raise ValueError(f"unknown safety class {safety!r}; expected one of: {allowed}") from None
+            raise ValueError(
+                f"unknown safety class {safety!r}; expected one of: {allowed}"
+            ) from None
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
 
@@ -195,7 +202,7 @@ class Flow:
             self.tools[tool_name] = t
             return t
 
-        return register(fn) if fn is not None else register
+        return register
 
     def policy(self, fn: F) -> F:
         """Register the policy: ``fn(ctx, history) -> list[ToolCall]``; ``[]`` ends the run."""

@@ -254,8 +254,10 @@ BEGIN
     IF r.lease_expires_at <= v_now THEN
         PERFORM runledger._raise('RL001',
             format('lease expired on run %s: token %s', p_run_id, p_fencing_token),
-            format('run %s lease %s token %s expired at %s, database clock is %s',
-                   p_run_id, p_lease_id, p_fencing_token, r.lease_expires_at, v_now),
+            format('run %s is %s; seen lease %s token %s; current lease %s token %s held by %s '
+                   'expired at %s, database clock is %s',
+                   p_run_id, r.status, p_lease_id, p_fencing_token, r.lease_id, r.fencing_token,
+                   coalesce(r.lease_owner, 'nobody'), r.lease_expires_at, v_now),
             'renew leases more often than the lease length; the run will be claimed again');
     END IF;
     RETURN r;
@@ -1087,6 +1089,29 @@ ALTER TABLE runledger.run_events ENABLE ALWAYS TRIGGER tg_run_events_guard;
 CREATE TRIGGER tg_run_events_no_truncate BEFORE TRUNCATE ON runledger.run_events
     FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_run_events();
 ALTER TABLE runledger.run_events ENABLE ALWAYS TRIGGER tg_run_events_no_truncate;
+
+-- TRUNCATE fires no row trigger: without these, one statement by the owner would wipe
+-- the journal that the DELETE guards above protect.
+CREATE FUNCTION runledger._guard_truncate() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    PERFORM runledger._raise('RL007',
+        format('%s.%s cannot be truncated', TG_TABLE_SCHEMA, TG_TABLE_NAME), NULL,
+        'runs, turns and calls are removed only by runledger.prune_runs');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER tg_runs_no_truncate BEFORE TRUNCATE ON runledger.runs
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_truncate();
+ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_no_truncate;
+CREATE TRIGGER tg_run_turns_no_truncate BEFORE TRUNCATE ON runledger.run_turns
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_truncate();
+ALTER TABLE runledger.run_turns ENABLE ALWAYS TRIGGER tg_run_turns_no_truncate;
+CREATE TRIGGER tg_run_calls_no_truncate BEFORE TRUNCATE ON runledger.run_calls
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_truncate();
+ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_no_truncate;
 
 -- ---------------------------------------------------------------------------------
 -- Audit views

@@ -68,7 +68,10 @@ def map_error(exc: psycopg.Error, **fields: Any) -> errors.RunLedgerError | None
     diag = exc.diag
     message = diag.message_primary or str(exc)
     mapped = errors.from_sqlstate(
-        exc.sqlstate, message, detail=diag.message_detail or None, hint=diag.message_hint or None,
+        exc.sqlstate,
+        message,
+        detail=diag.message_detail or None,
+        hint=diag.message_hint or None,
         **fields,
     )
     if mapped is not None:
@@ -553,7 +556,9 @@ def _word(what: str, value: str, enum: type[Any]) -> str:
         return str(enum(value).value)
     except ValueError:
         allowed = ", ".join(m.value for m in enum)
-        raise errors.InvalidInput(f"unknown {what} {value!r}", hint=f"expected one of: {allowed}")
+        raise errors.InvalidInput(
+            f"unknown {what} {value!r}", hint=f"expected one of: {allowed}"
+        ) from None
 
 
 def run_from_row(r: Row) -> Run:

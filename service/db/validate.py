@@ -15,8 +15,9 @@ from service.errors import InvalidInput
 
 def _encodable(what: str, value: str, where: str = "") -> None:
     if "\x00" in value:
-        raise InvalidInput(f"{what} contains a NUL character{where}",
-                           hint="PostgreSQL text cannot hold NUL")
+        raise InvalidInput(
+            f"{what} contains a NUL character{where}", hint="PostgreSQL text cannot hold NUL"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -12,7 +12,15 @@ import os
 from typing import Any
 
 from service.demo.provider import ProviderClient
-from service.flows import Flow, HistoryTurn, NotApplied, PolicyContext, Receipt, ToolCall, ToolContext
+from service.flows import (
+    Flow,
+    HistoryTurn,
+    NotApplied,
+    PolicyContext,
+    Receipt,
+    ToolCall,
+    ToolContext,
+)
 
 
 def provider() -> ProviderClient:
@@ -35,8 +43,13 @@ def create_ticket(ctx: ToolContext, title: str) -> dict[str, Any]:
 
 @triage.tool(safety="unsafe")
 def send_email(ctx: ToolContext, to: str, subject: str) -> dict[str, Any]:
-    provider().apply(ctx.idempotency_key, "email", {"to": to, "subject": subject},
-                     ctx.fencing_token, dedupe=False)
+    provider().apply(
+        ctx.idempotency_key,
+        "email",
+        {"to": to, "subject": subject},
+        ctx.fencing_token,
+        dedupe=False,
+    )
     return {"sent": True}
 
 
@@ -46,8 +59,12 @@ def triage_policy(ctx: PolicyContext, history: list[HistoryTurn]) -> list[ToolCa
         return [ToolCall("create_ticket", {"title": ctx.input["title"]})]
     if len(history) == 1 and ctx.input.get("notify"):
         ticket = history[0].calls[0].result or {}
-        return [ToolCall("send_email", {"to": ctx.input["notify"],
-                                        "subject": f"ticket {ticket.get('ticket_id')} opened"})]
+        return [
+            ToolCall(
+                "send_email",
+                {"to": ctx.input["notify"], "subject": f"ticket {ticket.get('ticket_id')} opened"},
+            )
+        ]
     return []
 
 
@@ -58,8 +75,9 @@ scripted = Flow("scripted", version="1")
 
 @scripted.tool(safety="idempotent")
 def ticket(ctx: ToolContext, title: str = "t", gate: str | None = None) -> dict[str, Any]:
-    effect = provider().apply(ctx.idempotency_key, "ticket", {"title": title},
-                              ctx.fencing_token, gate=gate)
+    effect = provider().apply(
+        ctx.idempotency_key, "ticket", {"title": title}, ctx.fencing_token, gate=gate
+    )
     return {"effect_id": effect["effect_id"], "duplicate": effect["duplicate"]}
 
 
@@ -67,8 +85,14 @@ def ticket(ctx: ToolContext, title: str = "t", gate: str | None = None) -> dict[
 def charge(ctx: ToolContext, amount: int = 1, gate: str | None = None) -> Receipt:
     # A payment provider that can be asked about a reference but does not deduplicate:
     # only the lookup keeps a retry from charging twice.
-    effect = provider().apply(ctx.idempotency_key, "charge", {"amount": amount},
-                              ctx.fencing_token, dedupe=False, gate=gate)
+    effect = provider().apply(
+        ctx.idempotency_key,
+        "charge",
+        {"amount": amount},
+        ctx.fencing_token,
+        dedupe=False,
+        gate=gate,
+    )
     return Receipt(result={"ok": True}, receipt={"effect_id": effect["effect_id"]})
 
 
@@ -80,8 +104,9 @@ def find_charge(ctx: ToolContext) -> dict[str, Any] | None:
 
 @scripted.tool(safety="unsafe")
 def email(ctx: ToolContext, to: str = "a@example.com", gate: str | None = None) -> dict[str, Any]:
-    effect = provider().apply(ctx.idempotency_key, "email", {"to": to}, ctx.fencing_token,
-                              dedupe=False, gate=gate)
+    effect = provider().apply(
+        ctx.idempotency_key, "email", {"to": to}, ctx.fencing_token, dedupe=False, gate=gate
+    )
     return {"effect_id": effect["effect_id"]}
 
 

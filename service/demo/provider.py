@@ -52,16 +52,25 @@ class FakeProvider:
 
     def configure(self, settings: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            for name in ("idempotent", "check_tokens", "fail_after_apply", "fail_before_apply",
-                         "latency"):
+            for name in (
+                "idempotent",
+                "check_tokens",
+                "fail_after_apply",
+                "fail_before_apply",
+                "latency",
+            ):
                 if name in settings:
                     setattr(self, name, type(getattr(self, name))(settings[name]))
             return self.config()
 
     def config(self) -> dict[str, Any]:
-        return {"idempotent": self.idempotent, "check_tokens": self.check_tokens,
-                "fail_after_apply": self.fail_after_apply,
-                "fail_before_apply": self.fail_before_apply, "latency": self.latency}
+        return {
+            "idempotent": self.idempotent,
+            "check_tokens": self.check_tokens,
+            "fail_after_apply": self.fail_after_apply,
+            "fail_before_apply": self.fail_before_apply,
+            "latency": self.latency,
+        }
 
     def reset(self) -> None:
         with self.lock:
@@ -88,17 +97,25 @@ class FakeProvider:
                 self.fail_before_apply -= 1
                 return 503, {"error": "injected failure before apply"}
             if self.check_tokens and token < self.max_token.get(key, 0):
-                return 409, {"error": "stale fencing token", "token": token,
-                             "seen": self.max_token[key]}
+                return 409, {
+                    "error": "stale fencing token",
+                    "token": token,
+                    "seen": self.max_token[key],
+                }
             self.max_token[key] = max(token, self.max_token.get(key, 0))
             dedupe = self.idempotent and bool(req.get("dedupe", True))
             existing = next((e for e in self.effects if e["key"] == key), None)
             if dedupe and existing is not None:
                 effect, duplicate = existing, True
             else:
-                effect = {"effect_id": len(self.effects) + 1, "key": key,
-                          "kind": req.get("kind", "effect"), "payload": req.get("payload"),
-                          "token": token, "at": time.time()}
+                effect = {
+                    "effect_id": len(self.effects) + 1,
+                    "key": key,
+                    "kind": req.get("kind", "effect"),
+                    "payload": req.get("payload"),
+                    "token": token,
+                    "at": time.time(),
+                }
                 self.effects.append(effect)
                 duplicate = False
             fail = self.fail_after_apply > 0
@@ -179,8 +196,9 @@ class ProviderClient:
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read())
@@ -191,8 +209,16 @@ class ProviderClient:
                 payload = {}
             raise ProviderError(exc.code, payload) from None
 
-    def apply(self, key: str, kind: str, payload: Any, token: int, *, dedupe: bool = True,
-              gate: str | None = None) -> dict[str, Any]:
+    def apply(
+        self,
+        key: str,
+        kind: str,
+        payload: Any,
+        token: int,
+        *,
+        dedupe: bool = True,
+        gate: str | None = None,
+    ) -> dict[str, Any]:
         body = {"key": key, "kind": kind, "payload": payload, "token": token, "dedupe": dedupe}
         if gate:
             body["gate"] = gate

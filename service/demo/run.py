@@ -45,10 +45,12 @@ def run_demo(url: str | None, runs: int, workers: int, kills: int, seed: int) ->
     with _database(url) as db:
         upgrade(db)
         provider = ProviderProcess()
-        pool = WorkerPool(db, ["service.demo.flows:flows"],
-                          env={"RUNLEDGER_PROVIDER_URL": provider.url},
-                          args=["--lease-seconds", "2", "--poll-seconds", "0.2",
-                                "--log-level", "WARNING"])
+        pool = WorkerPool(
+            db,
+            ["service.demo.flows:flows"],
+            env={"RUNLEDGER_PROVIDER_URL": provider.url},
+            args=["--lease-seconds", "2", "--poll-seconds", "0.2", "--log-level", "WARNING"],
+        )
         try:
             return _play(db, provider, pool, runs, workers, kills, rng)
         finally:
@@ -56,8 +58,15 @@ def run_demo(url: str | None, runs: int, workers: int, kills: int, seed: int) ->
             provider.stop()
 
 
-def _play(db: str, provider: ProviderProcess, pool: WorkerPool, runs: int, workers: int,
-          kills: int, rng: random.Random) -> int:
+def _play(
+    db: str,
+    provider: ProviderProcess,
+    pool: WorkerPool,
+    runs: int,
+    workers: int,
+    kills: int,
+    rng: random.Random,
+) -> int:
     provider.client.configure(latency=0.1)
     started = time.monotonic()
     with psycopg.connect(db, autocommit=True) as conn:
@@ -65,8 +74,10 @@ def _play(db: str, provider: ProviderProcess, pool: WorkerPool, runs: int, worke
         for n in range(runs):
             conn.execute(
                 "SELECT * FROM runledger.submit_run(%s, 'ticket-triage', '1', %s)",
-                (f"{prefix}-{n:03d}", Jsonb({"title": f"Login fails #{n}",
-                                             "notify": "ops@example.com"})),
+                (
+                    f"{prefix}-{n:03d}",
+                    Jsonb({"title": f"Login fails #{n}", "notify": "ops@example.com"}),
+                ),
             )
         pool.start(workers)
         click.echo(f"submitted {runs} runs, started {workers} workers", err=True)
@@ -74,14 +85,21 @@ def _play(db: str, provider: ProviderProcess, pool: WorkerPool, runs: int, worke
         def settled() -> int:
             row = conn.execute(
                 "SELECT count(*) FROM runledger.runs WHERE run_id LIKE %s "
-                "AND status IN ('succeeded', 'paused', 'failed')", (f"{prefix}-%",)
+                "AND status IN ('succeeded', 'paused', 'failed')",
+                (f"{prefix}-%",),
             ).fetchone()
             return int(row[0]) if row else 0
 
         for _ in range(kills):
-            wait_for(lambda: conn.execute(
-                "SELECT 1 FROM runledger.run_calls WHERE run_id LIKE %s AND status = 'dispatched'",
-                (f"{prefix}-%",)).fetchone(), timeout=60, what="a call in flight")
+            wait_for(
+                lambda: conn.execute(
+                    "SELECT 1 FROM runledger.run_calls "
+                    "WHERE run_id LIKE %s AND status = 'dispatched'",
+                    (f"{prefix}-%",),
+                ).fetchone(),
+                timeout=60,
+                what="a call in flight",
+            )
             victim = rng.randrange(workers)
             pool.kill(victim)
             click.echo(f"SIGKILL worker w{victim} with calls in flight; restarting it", err=True)
@@ -91,38 +109,57 @@ def _play(db: str, provider: ProviderProcess, pool: WorkerPool, runs: int, worke
         return _audit(conn, db, prefix, provider, runs, elapsed)
 
 
-def _audit(conn: psycopg.Connection[Any], db: str, prefix: str, provider: ProviderProcess, runs: int,
-           elapsed: float) -> int:
+def _audit(
+    conn: psycopg.Connection[Any],
+    db: str,
+    prefix: str,
+    provider: ProviderProcess,
+    runs: int,
+    elapsed: float,
+) -> int:
     like = f"{prefix}-%"
-    statuses = dict(conn.execute(
-        "SELECT status, count(*) FROM runledger.runs WHERE run_id LIKE %s GROUP BY 1", (like,)
-    ).fetchall())
+    statuses = dict(
+        conn.execute(
+            "SELECT status, count(*) FROM runledger.runs WHERE run_id LIKE %s GROUP BY 1", (like,)
+        ).fetchall()
+    )
     takeovers = conn.execute(
         "SELECT count(*) FROM runledger.run_events WHERE run_id LIKE %s AND kind = 'takeover'",
-        (like,)).fetchone()
+        (like,),
+    ).fetchone()
     unknown = conn.execute(
         "SELECT idempotency_key FROM runledger.effect_ledger WHERE run_id LIKE %s "
-        "AND status = 'unknown' ORDER BY 1", (like,)).fetchall()
+        "AND status = 'unknown' ORDER BY 1",
+        (like,),
+    ).fetchall()
     effects = Counter(e["key"] for e in provider.client.effects() if e["key"].startswith(prefix))
     duplicated = sorted(k for k, n in effects.items() if n > 1)
-    missing = [k for (k,) in conn.execute(
-        "SELECT idempotency_key FROM runledger.run_calls WHERE run_id LIKE %s "
-        "AND status = 'succeeded'", (like,)).fetchall() if effects[k] != 1]
+    missing = [
+        k
+        for (k,) in conn.execute(
+            "SELECT idempotency_key FROM runledger.run_calls WHERE run_id LIKE %s "
+            "AND status = 'succeeded'",
+            (like,),
+        ).fetchall()
+        if effects[k] != 1
+    ]
 
     click.echo(f"\n{runs} runs in {elapsed:.1f} s: {statuses}")
     click.echo(f"takeovers after SIGKILL: {takeovers[0] if takeovers else 0}")
-    click.echo(f"effects at the provider: {sum(effects.values())} for {len(effects)} keys; "
-               f"duplicated: {len(duplicated)}")
+    click.echo(
+        f"effects at the provider: {sum(effects.values())} for {len(effects)} keys; "
+        f"duplicated: {len(duplicated)}"
+    )
     click.echo(f"succeeded calls without their effect: {len(missing)}")
     for (key,) in unknown:
-        click.echo(f"  unknown (e-mail may or may not have gone out): {key}"
-                   f" -> runledger resolve {key} applied|not_applied|abandoned")
+        click.echo(
+            f"  unknown (e-mail may or may not have gone out): {key}"
+            f" -> runledger resolve {key} applied|not_applied|abandoned"
+        )
     from service.audit import run_checks
 
     broken = [f.check.name for f in run_checks(db) if not f.ok]
-    click.echo(f"invariant checks (runledger audit): {'all ok' if not broken else broken}")
-    ok = (not duplicated and not missing and not broken
-          and set(statuses) <= {"succeeded", "paused"})
+    click.echo(f"invariant checks (runledger audit): {broken or 'all ok'}")
+    ok = not duplicated and not missing and not broken and set(statuses) <= {"succeeded", "paused"}
     click.echo("audit: OK" if ok else "audit: FAILED")
     return 0 if ok else 1
-

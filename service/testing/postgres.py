@@ -138,8 +138,13 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
         os.chown(pgdata, user.pw_uid, user.pw_gid)
     # Output goes to a file, not a pipe: the postmaster inherits it and a pipe would
     # keep pg_ctl's caller waiting.
-    out = tempfile.TemporaryFile("w+")
-    kwargs: dict[str, object] = {"check": True, "stdout": out, "stderr": subprocess.STDOUT, "text": True}
+    out = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed with the server's lifetime
+    kwargs: dict[str, object] = {
+        "check": True,
+        "stdout": out,
+        "stderr": subprocess.STDOUT,
+        "text": True,
+    }
     if user is not None:
         kwargs["user"] = user.pw_uid
         kwargs["group"] = user.pw_gid
@@ -148,9 +153,18 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
     kwargs["env"] = env
     try:
         subprocess.run(  # type: ignore[call-overload]
-            [str(bin_dir / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust",
-             "--encoding=UTF8", "--no-sync"],
-            timeout=120, **kwargs,
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(pgdata),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-sync",
+            ],
+            timeout=120,
+            **kwargs,
         )
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(base, ignore_errors=True)
@@ -165,9 +179,21 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
     log_file = pgdata / "server.log"
     try:
         subprocess.run(  # type: ignore[call-overload]
-            [str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-l", str(log_file), "-o", options,
-             "-w", "-t", "60", "start"],
-            timeout=90, **kwargs,
+            [
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(pgdata),
+                "-l",
+                str(log_file),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+            timeout=90,
+            **kwargs,
         )
     except subprocess.CalledProcessError as exc:
         log = log_file.read_text() if log_file.exists() else ""
@@ -178,7 +204,8 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
     def stop() -> None:
         subprocess.run(  # type: ignore[call-overload]
             [str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-m", "immediate", "-w", "stop"],
-            timeout=60, **{**kwargs, "check": False},
+            timeout=60,
+            **{**kwargs, "check": False},
         )
         shutil.rmtree(base, ignore_errors=True)
 
@@ -191,7 +218,9 @@ def _docker_server() -> Server:
     from testcontainers.postgres import PostgresContainer  # optional dependency
 
     image = os.environ.get("RUNLEDGER_TEST_PG_IMAGE", "postgres:16-alpine")
-    container = PostgresContainer(image, username="postgres", password="postgres", dbname="postgres")
+    container = PostgresContainer(
+        image, username="postgres", password="postgres", dbname="postgres"
+    )
     container.start()
     host = container.get_container_host_ip()
     port = container.get_exposed_port(5432)
@@ -309,7 +338,9 @@ class Databases:
                 ).fetchone()
                 if not exists:
                     building = f"{self.template}_build"
-                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(building)))
+                    conn.execute(
+                        sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(building))
+                    )
                     conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(building)))
                     upgrade(self.server.url_for(building))
                     conn.execute(

@@ -28,10 +28,11 @@ def wait_for(
     while True:
         last = predicate()
         if last:
-            return last
+            return last  # type: ignore[no-any-return]
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}"
-                                 f" (last value {last!r})")
+            raise AssertionError(
+                f"timed out after {timeout} s waiting for {what or predicate} (last value {last!r})"
+            )
         time.sleep(interval)
 
 
@@ -39,10 +40,14 @@ class ProviderProcess:
     """``python -m service.demo.provider`` on a free port."""
 
     def __init__(self) -> None:
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="runledger-provider-", delete=False)
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
+            "w+", prefix="runledger-provider-", delete=False
+        )
         self.proc = subprocess.Popen(
             [sys.executable, "-u", "-m", "service.demo.provider", "--port", "0"],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -89,8 +94,9 @@ class WorkerPool:
     def worker_id(self, i: int) -> str:
         return f"w{i}"
 
-    def start(self, n: int = 1, *, env: dict[str, str] | None = None,
-              args: Sequence[str] = ()) -> list[int]:
+    def start(
+        self, n: int = 1, *, env: dict[str, str] | None = None, args: Sequence[str] = ()
+    ) -> list[int]:
         """Start ``n`` more workers; returns their indexes."""
         started = []
         for _ in range(n):
@@ -107,12 +113,18 @@ class WorkerPool:
         for spec in self.flows:
             cmd += ["--flows", spec]
         cmd += self.args + self.extra_args[i]
-        env = {**os.environ, **self.env, **self.extra_env[i],
-               "RUNLEDGER_DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            **self.env,
+            **self.extra_env[i],
+            "RUNLEDGER_DATABASE_URL": self.database_url,
+            "PYTHONUNBUFFERED": "1",
+        }
         log = self.logs[i].open("ab")
         try:
-            return subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=self.cwd,
-                                    start_new_session=True)
+            return subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=log, cwd=self.cwd, start_new_session=True
+            )
         finally:
             log.close()
 

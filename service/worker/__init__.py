@@ -41,8 +41,12 @@ class _JsonFormatter(logging.Formatter):
     _skip = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {"at": self.formatTime(record), "level": record.levelname,
-               "logger": record.name, "msg": record.getMessage()}
+        out = {
+            "at": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         out.update({k: v for k, v in record.__dict__.items() if k not in self._skip})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
@@ -61,7 +65,8 @@ class _FieldsFormatter(logging.Formatter):
 def configure_logging(level: str = "INFO", as_json: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
-        _JsonFormatter() if as_json
+        _JsonFormatter()
+        if as_json
         else _FieldsFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     root = logging.getLogger()

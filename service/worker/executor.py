@@ -124,8 +124,11 @@ class Executor:
     async def execute(self, active: ActiveRun) -> None:
         """Drive one run until it finishes, pauses, is released, or its lease is lost."""
         claim = active.claim
-        fields = {"run_id": claim.run_id, "worker_id": self.worker_id,
-                  "fencing_token": claim.fencing_token}
+        fields = {
+            "run_id": claim.run_id,
+            "worker_id": self.worker_id,
+            "fencing_token": claim.fencing_token,
+        }
         try:
             await self._drive(active)
         except errors.LeaseLost as exc:
@@ -142,10 +145,16 @@ class Executor:
     async def _report_stale(self, active: ActiveRun, exc: errors.LeaseLost) -> None:
         """Record the refusal in its own transaction; shielded from the run's cancellation."""
         try:
-            await asyncio.shield(self.store.report_stale_write(
-                active.run_id, self.worker_id, active.claim.lease_id, active.claim.fencing_token,
-                active.operation, str(exc),
-            ))
+            await asyncio.shield(
+                self.store.report_stale_write(
+                    active.run_id,
+                    self.worker_id,
+                    active.claim.lease_id,
+                    active.claim.fencing_token,
+                    active.operation,
+                    str(exc),
+                )
+            )
         except Exception:
             log.exception("could not record the refused write", extra={"run_id": active.run_id})
 
@@ -176,8 +185,13 @@ class Executor:
         await self.store.finish_run(c.run_id, c.lease_id, c.fencing_token, status, result, reason)
         log.info(
             "run finished",
-            extra={"run_id": c.run_id, "worker_id": self.worker_id,
-                   "fencing_token": c.fencing_token, "status": str(status), "reason": reason},
+            extra={
+                "run_id": c.run_id,
+                "worker_id": self.worker_id,
+                "fencing_token": c.fencing_token,
+                "status": str(status),
+                "reason": reason,
+            },
         )
 
     async def _drive(self, active: ActiveRun) -> None:
@@ -187,8 +201,12 @@ class Executor:
         max_calls = flow.max_calls or self.limits.max_calls
         run = await self.store.get_run(c.run_id)
         if run.stalled_claims > self.limits.max_stalled_claims:
-            await self._finish(active, FinishStatus.FAILED,
-                               {"claims_without_progress": run.stalled_claims}, "crash_loop")
+            await self._finish(
+                active,
+                FinishStatus.FAILED,
+                {"claims_without_progress": run.stalled_claims},
+                "crash_loop",
+            )
             return
         state_version = c.state_version
         while True:
@@ -197,8 +215,12 @@ class Executor:
             if turns:
                 last, decided = turns[-1]
                 if not decided:
-                    await self._finish(active, FinishStatus.SUCCEEDED,
-                                       {"turns": len(turns), "calls": len(calls)}, None)
+                    await self._finish(
+                        active,
+                        FinishStatus.SUCCEEDED,
+                        {"turns": len(turns), "calls": len(calls)},
+                        None,
+                    )
                     return
                 pending = [x for x in calls if x.turn == last and not x.status.terminal]
                 if pending:
@@ -206,23 +228,32 @@ class Executor:
                         for call in pending:
                             await self._settle(active, flow, call)
                     except Paused as p:
-                        await self._finish(active, FinishStatus.PAUSED, None,
-                                           f"call {p.key} is unknown: reconcile it")
+                        await self._finish(
+                            active,
+                            FinishStatus.PAUSED,
+                            None,
+                            f"call {p.key} is unknown: reconcile it",
+                        )
                         return
                     except _MissingTool as exc:
-                        await self._finish(active, FinishStatus.FAILED,
-                                           {"tool": str(exc)}, "tool_missing")
+                        await self._finish(
+                            active, FinishStatus.FAILED, {"tool": str(exc)}, "tool_missing"
+                        )
                         return
                     active.operation = "checkpoint"
                     state_version = await self.store.checkpoint(
-                        c.run_id, c.lease_id, c.fencing_token, state_version,
+                        c.run_id,
+                        c.lease_id,
+                        c.fencing_token,
+                        state_version,
                         {"completed_turns": last + 1},
                     )
                     continue
             next_turn = len(turns)
             if next_turn >= max_turns:
-                await self._finish(active, FinishStatus.FAILED,
-                                   {"max_turns": max_turns}, "budget_exceeded")
+                await self._finish(
+                    active, FinishStatus.FAILED, {"max_turns": max_turns}, "budget_exceeded"
+                )
                 return
             self._check_boundary(active)
             try:
@@ -231,12 +262,14 @@ class Executor:
                 await self._finish(active, FinishStatus.FAILED, _error(exc), "invalid_decision")
                 return
             except _PolicyFailed as exc:
-                await self._finish(active, FinishStatus.FAILED, _error(exc.__cause__ or exc),
-                                   "policy_error")
+                await self._finish(
+                    active, FinishStatus.FAILED, _error(exc.__cause__ or exc), "policy_error"
+                )
                 return
             if len(calls) + len(payload) > max_calls:
-                await self._finish(active, FinishStatus.FAILED,
-                                   {"max_calls": max_calls}, "budget_exceeded")
+                await self._finish(
+                    active, FinishStatus.FAILED, {"max_calls": max_calls}, "budget_exceeded"
+                )
                 return
             self._check_deadline(active)
             active.operation = "record_turn"
@@ -258,28 +291,38 @@ class Executor:
             HistoryTurn(
                 turn=t,
                 calls=tuple(
-                    HistoryCall(call_id=x.call_id, tool=x.tool, args=x.args,
-                                status=str(x.status), result=x.result, error=x.error)
+                    HistoryCall(
+                        call_id=x.call_id,
+                        tool=x.tool,
+                        args=x.args,
+                        status=str(x.status),
+                        result=x.result,
+                        error=x.error,
+                    )
                     for x in by_turn.get(t, [])
                 ),
             )
             for t, _ in turns
         ]
-        ctx = PolicyContext(run_id=active.run_id, flow=flow.ref, input=active.claim.input,
-                            turn=turn)
+        ctx = PolicyContext(
+            run_id=active.run_id, flow=flow.ref, input=active.claim.input, turn=turn
+        )
         delay = self.limits.backoff
         for attempt in range(1, self.limits.policy_attempts + 1):
             try:
-                decided = await invoke(flow.policy_fn, ctx, history,
-                                       timeout=self.limits.policy_timeout)
+                decided = await invoke(
+                    flow.policy_fn, ctx, history, timeout=self.limits.policy_timeout
+                )
                 break
             except InvalidDecision:
                 raise
             except Exception as exc:
                 if attempt == self.limits.policy_attempts:
                     raise _PolicyFailed(str(exc)) from exc
-                log.warning("policy failed, retrying",
-                            extra={"run_id": active.run_id, "attempt": attempt, "error": repr(exc)})
+                log.warning(
+                    "policy failed, retrying",
+                    extra={"run_id": active.run_id, "attempt": attempt, "error": repr(exc)},
+                )
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.limits.max_backoff)
             self._check_boundary(active)
@@ -302,32 +345,55 @@ class Executor:
 
     async def _recover(self, active: ActiveRun, tool: Tool[Any], call: Call) -> None:
         """A call in flight when its previous holder stopped: decide by safety class."""
-        log.info("recovering in-flight call",
-                 extra={"run_id": active.run_id, "key": call.idempotency_key,
-                        "safety": str(tool.safety), "fencing_token": active.claim.fencing_token})
+        log.info(
+            "recovering in-flight call",
+            extra={
+                "run_id": active.run_id,
+                "key": call.idempotency_key,
+                "safety": str(tool.safety),
+                "fencing_token": active.claim.fencing_token,
+            },
+        )
         if tool.safety is Safety.UNSAFE:
-            await self._complete(active, call, Outcome.UNKNOWN,
-                                 {"reason": "in flight when its worker stopped; unsafe to repeat",
-                                  "attempts": call.attempts}, None)
+            await self._complete(
+                active,
+                call,
+                Outcome.UNKNOWN,
+                {
+                    "reason": "in flight when its worker stopped; unsafe to repeat",
+                    "attempts": call.attempts,
+                },
+                None,
+            )
             raise Paused(call.idempotency_key)
-        if tool.safety is Safety.LOOKUP and await self._looked_up(active, tool, call, call.attempts):
+        if tool.safety is Safety.LOOKUP and await self._looked_up(
+            active, tool, call, call.attempts
+        ):
             return
         await self._attempts(active, tool, call)
 
-    async def _looked_up(self, active: ActiveRun, tool: Tool[Any], call: Call,
-                         attempt: int) -> bool:
+    async def _looked_up(
+        self, active: ActiveRun, tool: Tool[Any], call: Call, attempt: int
+    ) -> bool:
         """Ask the provider whether the key took effect; complete the call if it did."""
         assert tool.lookup_fn is not None
         ctx = self._tool_ctx(active, call, attempt)
         delay = self.limits.backoff
         for n in range(1, tool.max_attempts + 1):
             try:
-                found = await invoke(tool.lookup_fn, ctx, timeout=tool.timeout or self.limits.tool_timeout)
+                found = await invoke(
+                    tool.lookup_fn, ctx, timeout=tool.timeout or self.limits.tool_timeout
+                )
                 break
             except Exception as exc:
                 if n == tool.max_attempts:
-                    await self._complete(active, call, Outcome.UNKNOWN,
-                                         {"reason": "lookup failed", **_error(exc)}, None)
+                    await self._complete(
+                        active,
+                        call,
+                        Outcome.UNKNOWN,
+                        {"reason": "lookup failed", **_error(exc)},
+                        None,
+                    )
                     raise Paused(call.idempotency_key) from exc
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.limits.max_backoff)
@@ -342,9 +408,15 @@ class Executor:
     def _tool_ctx(self, active: ActiveRun, call: Call, attempt: int) -> ToolContext:
         c = active.claim
         return ToolContext(
-            run_id=c.run_id, flow=f"{c.flow}@{c.flow_version}", turn=call.turn,
-            call_id=call.call_id, tool=call.tool, idempotency_key=call.idempotency_key,
-            fencing_token=c.fencing_token, attempt=attempt, deadline=active.deadline,
+            run_id=c.run_id,
+            flow=f"{c.flow}@{c.flow_version}",
+            turn=call.turn,
+            call_id=call.call_id,
+            tool=call.tool,
+            idempotency_key=call.idempotency_key,
+            fencing_token=c.fencing_token,
+            attempt=attempt,
+            deadline=active.deadline,
         )
 
     async def _attempts(self, active: ActiveRun, tool: Tool[Any], call: Call) -> None:
@@ -376,24 +448,42 @@ class Executor:
                     await asyncio.sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, self.limits.max_backoff)
                     continue
-                await self._complete(active, call, Outcome.FAILED,
-                                     {"reason": na.reason, "not_applied": True}, None)
+                await self._complete(
+                    active, call, Outcome.FAILED, {"reason": na.reason, "not_applied": True}, None
+                )
                 return
             except Exception as exc:  # includes TimeoutError: ambiguous, like a crash
-                log.warning("tool call ambiguous",
-                            extra={"run_id": c.run_id, "key": call.idempotency_key,
-                                   "attempt": attempt, "error": repr(exc)})
+                log.warning(
+                    "tool call ambiguous",
+                    extra={
+                        "run_id": c.run_id,
+                        "key": call.idempotency_key,
+                        "attempt": attempt,
+                        "error": repr(exc),
+                    },
+                )
                 if tool.safety is Safety.UNSAFE:
-                    await self._complete(active, call, Outcome.UNKNOWN,
-                                         {"reason": "ambiguous failure of an unsafe tool",
-                                          **_error(exc)}, None)
+                    await self._complete(
+                        active,
+                        call,
+                        Outcome.UNKNOWN,
+                        {"reason": "ambiguous failure of an unsafe tool", **_error(exc)},
+                        None,
+                    )
                     raise Paused(call.idempotency_key) from exc
-                if tool.safety is Safety.LOOKUP and await self._looked_up(active, tool, call, attempt):
+                if tool.safety is Safety.LOOKUP and await self._looked_up(
+                    active, tool, call, attempt
+                ):
                     return
                 if tries >= tool.max_attempts:
                     if tool.safety is Safety.IDEMPOTENT:
-                        await self._complete(active, call, Outcome.UNKNOWN,
-                                             {"reason": "retries exhausted", **_error(exc)}, None)
+                        await self._complete(
+                            active,
+                            call,
+                            Outcome.UNKNOWN,
+                            {"reason": "retries exhausted", **_error(exc)},
+                            None,
+                        )
                         raise Paused(call.idempotency_key) from exc
                     # read_only, or lookup said it did not happen: certainly no effect
                     await self._complete(active, call, Outcome.FAILED, _error(exc), None)
@@ -407,8 +497,9 @@ class Executor:
             self.crash.hit("after_complete", tool.name)
             return
 
-    def _abandon(self, active: ActiveRun, tool: Tool[Any], call: Call,
-                 work: asyncio.Future[Any]) -> None:
+    def _abandon(
+        self, active: ActiveRun, tool: Tool[Any], call: Call, work: asyncio.Future[Any]
+    ) -> None:
         """The run was fenced locally while its tool was running.
 
         An async tool is cancelled. A plain ``def`` tool cannot be stopped (it runs in a
@@ -436,12 +527,19 @@ class Executor:
         except Exception:
             log.exception("late result not recorded", extra={"run_id": active.run_id})
 
-    async def _complete(self, active: ActiveRun, call: Call, outcome: Outcome, result: Any,
-                        receipt: dict[str, Any] | None) -> None:
+    async def _complete(
+        self,
+        active: ActiveRun,
+        call: Call,
+        outcome: Outcome,
+        result: Any,
+        receipt: dict[str, Any] | None,
+    ) -> None:
         c = active.claim
         active.operation = "complete_call"
-        await self.store.complete_call(c.run_id, c.lease_id, c.fencing_token,
-                                       call.idempotency_key, outcome, result, receipt)
+        await self.store.complete_call(
+            c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, outcome, result, receipt
+        )
 
 
 class _PolicyFailed(Exception):

@@ -95,16 +95,25 @@ class Worker:
 
     async def run(self) -> None:
         self.store = await Store.connect(
-            self.database_url, min_size=1, max_size=self.concurrency + 3,
+            self.database_url,
+            min_size=1,
+            max_size=self.concurrency + 3,
         )
         store = self.store
-        await store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
-                                    sorted(self.flows))
-        log.info("worker started", extra={"worker_id": self.worker_id,
-                                          "flows": sorted(self.flows),
-                                          "concurrency": self.concurrency})
-        executor = Executor(store, self.flows, worker_id=self.worker_id, limits=self.limits,
-                            crash=self.crash)
+        await store.register_worker(
+            self.worker_id, socket.gethostname(), os.getpid(), sorted(self.flows)
+        )
+        log.info(
+            "worker started",
+            extra={
+                "worker_id": self.worker_id,
+                "flows": sorted(self.flows),
+                "concurrency": self.concurrency,
+            },
+        )
+        executor = Executor(
+            store, self.flows, worker_id=self.worker_id, limits=self.limits, crash=self.crash
+        )
         helpers = [
             asyncio.create_task(self._keeper(), name="lease-keeper"),
             asyncio.create_task(self._listener(), name="listener"),
@@ -138,8 +147,9 @@ class Worker:
                     await a.task  # type: ignore[misc]
                 with contextlib.suppress(Exception):
                     assert self.store is not None
-                    await self.store.release_lease(a.run_id, a.claim.lease_id,
-                                                   a.claim.fencing_token)
+                    await self.store.release_lease(
+                        a.run_id, a.claim.lease_id, a.claim.fencing_token
+                    )
 
     # -- claimer -----------------------------------------------------------------------
 
@@ -152,8 +162,9 @@ class Worker:
             if free > 0:
                 sent = time.monotonic()
                 try:
-                    runs = await self.store.claim_runs(self.worker_id, sorted(self.flows),
-                                                       self.lease, free)
+                    runs = await self.store.claim_runs(
+                        self.worker_id, sorted(self.flows), self.lease, free
+                    )
                 except Exception:
                     log.exception("claim failed", extra={"worker_id": self.worker_id})
                     runs = []
@@ -161,12 +172,18 @@ class Worker:
                 for run in runs:
                     active = ActiveRun(claim=run, deadline=sent + self.lease_seconds - self.margin)
                     self.active[run.run_id] = active
-                    active.task = asyncio.create_task(self._execute(executor, active),
-                                                      name=f"run:{run.run_id}")
-                    log.info("claimed run", extra={"run_id": run.run_id,
-                                                   "worker_id": self.worker_id,
-                                                   "fencing_token": run.fencing_token,
-                                                   "takeover": run.takeover})
+                    active.task = asyncio.create_task(
+                        self._execute(executor, active), name=f"run:{run.run_id}"
+                    )
+                    log.info(
+                        "claimed run",
+                        extra={
+                            "run_id": run.run_id,
+                            "worker_id": self.worker_id,
+                            "fencing_token": run.fencing_token,
+                            "takeover": run.takeover,
+                        },
+                    )
             if claimed and claimed == free:
                 continue  # there may be more waiting; go again at once
             with contextlib.suppress(TimeoutError):
@@ -191,7 +208,9 @@ class Worker:
             try:
                 if held:
                     renewed = await self.store.renew_leases(
-                        self.worker_id, [a.run_id for a in held], [a.claim.lease_id for a in held],
+                        self.worker_id,
+                        [a.run_id for a in held],
+                        [a.claim.lease_id for a in held],
                         self.lease,
                     )
                     kept = {r.run_id for r in renewed}
@@ -210,9 +229,15 @@ class Worker:
 
     def _fence(self, active: ActiveRun, why: str) -> None:
         """Stop working on a run at once: its lease is gone or may be gone."""
-        log.warning("dropping run: %s", why, extra={"run_id": active.run_id,
-                                                    "worker_id": self.worker_id,
-                                                    "fencing_token": active.claim.fencing_token})
+        log.warning(
+            "dropping run: %s",
+            why,
+            extra={
+                "run_id": active.run_id,
+                "worker_id": self.worker_id,
+                "fencing_token": active.claim.fencing_token,
+            },
+        )
         if active.task is not None and not active.task.done():
             active.task.cancel()
 
@@ -223,7 +248,8 @@ class Worker:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.database_url, autocommit=True,
+                    self.database_url,
+                    autocommit=True,
                     application_name=f"runledger-listener:{self.worker_id}"[:63],
                 )
                 async with conn:
@@ -236,7 +262,9 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("listener lost, polling meanwhile",
-                            extra={"worker_id": self.worker_id, "error": repr(exc)})
+                log.warning(
+                    "listener lost, polling meanwhile",
+                    extra={"worker_id": self.worker_id, "error": repr(exc)},
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)

@@ -32,7 +32,9 @@ def call_rows(conn: psycopg.Connection[Any], run_id: str) -> list[dict[str, Any]
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def events(conn: psycopg.Connection[Any], run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
+def events(
+    conn: psycopg.Connection[Any], run_id: str, kind: str | None = None
+) -> list[dict[str, Any]]:
     cur = conn.execute(
         "SELECT kind, actor, fencing_token, detail FROM runledger.run_events "
         "WHERE run_id = %s AND (%s::text IS NULL OR kind = %s) ORDER BY event_id",
@@ -42,18 +44,27 @@ def events(conn: psycopg.Connection[Any], run_id: str, kind: str | None = None) 
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def submit(conn: psycopg.Connection[Any], run_id: str, plan: list[list[dict[str, Any]]],
-           flow: str = "scripted") -> None:
+def submit(
+    conn: psycopg.Connection[Any],
+    run_id: str,
+    plan: list[list[dict[str, Any]]],
+    flow: str = "scripted",
+) -> None:
     from psycopg.types.json import Jsonb
 
-    conn.execute("SELECT * FROM runledger.submit_run(%s, %s, '1', %s)",
-                 (run_id, flow, Jsonb({"plan": plan})))
+    conn.execute(
+        "SELECT * FROM runledger.submit_run(%s, %s, '1', %s)", (run_id, flow, Jsonb({"plan": plan}))
+    )
 
 
-def wait_status(conn: psycopg.Connection[Any], run_id: str, statuses: tuple[str, ...],
-                timeout: float = 30.0) -> dict[str, Any]:
-    return wait_for(lambda: (r := run_row(conn, run_id))["status"] in statuses and r,
-                    timeout=timeout, what=f"run {run_id} in {statuses}")
+def wait_status(
+    conn: psycopg.Connection[Any], run_id: str, statuses: tuple[str, ...], timeout: float = 30.0
+) -> dict[str, Any]:
+    return wait_for(
+        lambda: (r := run_row(conn, run_id))["status"] in statuses and r,
+        timeout=timeout,
+        what=f"run {run_id} in {statuses}",
+    )
 
 
 @pytest.fixture

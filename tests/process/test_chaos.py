@@ -16,8 +16,10 @@ from tests.process.conftest import submit
 pytestmark = [pytest.mark.process, pytest.mark.chaos, pytest.mark.slow]
 
 RUNS = 100
-PLAN = [[{"tool": "ticket"}, {"tool": "charge", "args": {"amount": 3}}],
-        [{"tool": "email"}, {"tool": "read"}]]
+PLAN = [
+    [{"tool": "ticket"}, {"tool": "charge", "args": {"amount": 3}}],
+    [{"tool": "email"}, {"tool": "read"}],
+]
 
 
 @pytest.mark.timeout(300)
@@ -29,8 +31,9 @@ def test_random_sigkills(workers: Any, provider: Any, admin_conn: Any) -> None:
     started = time.monotonic()
     for n in range(RUNS):
         submit(admin_conn, f"chaos-{n:03d}", PLAN)
-    workers.start(3, args=["--lease-seconds", "2", "--concurrency", "8",
-                           "--max-stalled-claims", "1000"])
+    workers.start(
+        3, args=["--lease-seconds", "2", "--concurrency", "8", "--max-stalled-claims", "1000"]
+    )
 
     def settled() -> int:
         row = admin_conn.execute(

@@ -47,8 +47,15 @@ EXPECTED: dict[tuple[str, str], tuple[str, int, int]] = {
 
 @pytest.mark.parametrize("point", POINTS)
 @pytest.mark.parametrize("tool", list(TOOLS))
-def test_crash_window(point: str, tool: str, workers: Any, provider: Any, admin_conn: Any,
-                      db_clock: Any, lease_args: list[str]) -> None:
+def test_crash_window(
+    point: str,
+    tool: str,
+    workers: Any,
+    provider: Any,
+    admin_conn: Any,
+    db_clock: Any,
+    lease_args: list[str],
+) -> None:
     run_id = f"crash-{point}-{tool}"
     key = f"{run_id}:0:c0"
     submit(admin_conn, run_id, [[{"tool": tool}], [{"tool": "ticket", "args": {"title": "after"}}]])
@@ -76,8 +83,10 @@ def test_crash_window(point: str, tool: str, workers: Any, provider: Any, admin_
         assert key in final["pause_reason"]
         # a person reconciles: the provider shows whether the e-mail went out
         resolution = "applied" if effects else "not_applied"
-        admin_conn.execute("SELECT runledger.resolve_call(%s, %s, %s::jsonb, 'ops', 'checked')",
-                           (key, resolution, '{"checked": true}' if effects else None))
+        admin_conn.execute(
+            "SELECT runledger.resolve_call(%s, %s, %s::jsonb, 'ops', 'checked')",
+            (key, resolution, '{"checked": true}' if effects else None),
+        )
         wait_status(admin_conn, run_id, ("succeeded",))
         assert len(provider.client.effects(key)) == 1  # exactly one e-mail, never two
     else:

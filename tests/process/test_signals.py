@@ -12,8 +12,9 @@ from tests.process.conftest import LEASE, call_rows, events, run_row, submit, wa
 pytestmark = pytest.mark.process
 
 
-def test_paused_worker_is_fenced_by_the_database(workers: Any, provider: Any, admin_conn: Any,
-                                                 db_clock: Any, lease_args: list[str]) -> None:
+def test_paused_worker_is_fenced_by_the_database(
+    workers: Any, provider: Any, admin_conn: Any, db_clock: Any, lease_args: list[str]
+) -> None:
     run_id = "stopped-run"
     key = f"{run_id}:0:c0"
     provider.client.configure(check_tokens=True)
@@ -33,8 +34,10 @@ def test_paused_worker_is_fenced_by_the_database(workers: Any, provider: Any, ad
     assert call["completed_by"] == "w1" and call["completed_token"] == 2 and call["attempts"] == 2
 
     workers.cont(w0)  # it wakes up holding a result for a lease it lost
-    rejected = wait_for(lambda: events(admin_conn, run_id, "stale_write_rejected"),
-                        what="w0's refused write recorded")
+    rejected = wait_for(
+        lambda: events(admin_conn, run_id, "stale_write_rejected"),
+        what="w0's refused write recorded",
+    )
     assert rejected[0]["actor"] == "w0"
     assert rejected[0]["fencing_token"] is None  # the stale token lives in detail only
     assert rejected[0]["detail"]["stale_token"] == 1
@@ -56,8 +59,14 @@ def test_sigterm_drains_in_flight_call_and_releases_lease(
     workers: Any, provider: Any, admin_conn: Any, lease_args: list[str]
 ) -> None:
     run_id = "drained"
-    submit(admin_conn, run_id, [[{"tool": "ticket", "args": {"gate": "g2"}}],
-                                [{"tool": "ticket", "args": {"title": "second"}}]])
+    submit(
+        admin_conn,
+        run_id,
+        [
+            [{"tool": "ticket", "args": {"gate": "g2"}}],
+            [{"tool": "ticket", "args": {"title": "second"}}],
+        ],
+    )
     (w0,) = workers.start(1, args=lease_args)
     wait_for(lambda: provider.client.effects(f"{run_id}:0:c0"), what="call in flight")
     workers.terminate(w0)
@@ -82,8 +91,9 @@ def test_sigterm_drains_in_flight_call_and_releases_lease(
     del w1
 
 
-def test_second_sigterm_exits_at_once(workers: Any, provider: Any, admin_conn: Any,
-                                      lease_args: list[str]) -> None:
+def test_second_sigterm_exits_at_once(
+    workers: Any, provider: Any, admin_conn: Any, lease_args: list[str]
+) -> None:
     submit(admin_conn, "held", [[{"tool": "ticket", "args": {"gate": "never"}}]])
     (w0,) = workers.start(1, args=[*lease_args, "--grace-seconds", "600"])
     wait_for(lambda: provider.client.effects("held:0:c0"), what="call in flight")
@@ -94,8 +104,9 @@ def test_second_sigterm_exits_at_once(workers: Any, provider: Any, admin_conn: A
     assert workers.wait(w0, timeout=10) == 1
 
 
-def test_killed_listener_does_not_stop_claiming(workers: Any, provider: Any, admin_conn: Any,
-                                                lease_args: list[str]) -> None:
+def test_killed_listener_does_not_stop_claiming(
+    workers: Any, provider: Any, admin_conn: Any, lease_args: list[str]
+) -> None:
     (w0,) = workers.start(1, args=lease_args)
 
     def listener_pids() -> list[int]:
