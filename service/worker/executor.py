@@ -19,8 +19,9 @@ import json
 import logging
 import random
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from service import errors
 from service.db.store import Store
@@ -40,6 +41,8 @@ from service.model import Call, CallStatus, ClaimedRun, FinishStatus, Outcome, S
 from service.worker.crash import CrashPoints
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Draining(Exception):
@@ -180,9 +183,12 @@ class Executor:
     async def _finish(
         self, active: ActiveRun, status: FinishStatus, result: Any, reason: str | None
     ) -> None:
-        active.operation = "finish_run"
         c = active.claim
-        await self.store.finish_run(c.run_id, c.lease_id, c.fencing_token, status, result, reason)
+        await self._write(
+            active,
+            "finish_run",
+            self.store.finish_run(c.run_id, c.lease_id, c.fencing_token, status, result, reason),
+        )
         log.info(
             "run finished",
             extra={
@@ -240,13 +246,16 @@ class Executor:
                             active, FinishStatus.FAILED, {"tool": str(exc)}, "tool_missing"
                         )
                         return
-                    active.operation = "checkpoint"
-                    state_version = await self.store.checkpoint(
-                        c.run_id,
-                        c.lease_id,
-                        c.fencing_token,
-                        state_version,
-                        {"completed_turns": last + 1},
+                    state_version = await self._write(
+                        active,
+                        "checkpoint",
+                        self.store.checkpoint(
+                            c.run_id,
+                            c.lease_id,
+                            c.fencing_token,
+                            state_version,
+                            {"completed_turns": last + 1},
+                        ),
                     )
                     continue
             next_turn = len(turns)
@@ -272,8 +281,11 @@ class Executor:
                 )
                 return
             self._check_deadline(active)
-            active.operation = "record_turn"
-            await self.store.record_turn(c.run_id, c.lease_id, c.fencing_token, next_turn, payload)
+            await self._write(
+                active,
+                "record_turn",
+                self.store.record_turn(c.run_id, c.lease_id, c.fencing_token, next_turn, payload),
+            )
 
     async def _decide(
         self,
@@ -428,9 +440,12 @@ class Executor:
             tries += 1
             self._check_boundary(active)
             self.crash.hit("before_dispatch", tool.name)
-            active.operation = "dispatch_call"
-            attempt = await self.store.dispatch_call(
-                c.run_id, c.lease_id, c.fencing_token, call.idempotency_key
+            attempt = await self._write(
+                active,
+                "dispatch_call",
+                self.store.dispatch_call(
+                    c.run_id, c.lease_id, c.fencing_token, call.idempotency_key
+                ),
             )
             self.crash.hit("after_dispatch", tool.name)
             self._check_deadline(active)  # no call starts after the local deadline
@@ -536,10 +551,40 @@ class Executor:
         receipt: dict[str, Any] | None,
     ) -> None:
         c = active.claim
-        active.operation = "complete_call"
-        await self.store.complete_call(
-            c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, outcome, result, receipt
+        await self._write(
+            active,
+            "complete_call",
+            self.store.complete_call(
+                c.run_id,
+                c.lease_id,
+                c.fencing_token,
+                call.idempotency_key,
+                outcome,
+                result,
+                receipt,
+            ),
         )
+
+    async def _write(self, active: ActiveRun, operation: str, coro: Coroutine[Any, Any, T]) -> T:
+        """Send one write of this run's lease. Once sent it is not cut off midway: the
+        database decides. If the run is fenced locally meanwhile and the database then
+        refuses the write, the refusal is still recorded."""
+        active.operation = operation
+        task = asyncio.ensure_future(coro)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: self._after_fenced_write(active, t))
+            raise
+
+    def _after_fenced_write(self, active: ActiveRun, task: asyncio.Future[Any]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, errors.LeaseLost):
+            report = asyncio.ensure_future(self._report_stale(active, exc))
+            self._late.add(report)
+            report.add_done_callback(self._late.discard)
 
 
 class _PolicyFailed(Exception):
