@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -234,6 +235,7 @@ class Flow:
             if not isinstance(call.args, dict):
                 raise InvalidDecision(f"args of call {position} must be a dict")
             tool.check_args(call.args)
+            _check_json_args(tool.name, call.args)
             call_id = call.call_id or f"c{position}"
             if not CALL_ID_RE.fullmatch(call_id) or call_id in seen:
                 raise InvalidDecision(f"invalid or repeated call id {call_id!r}")
@@ -242,12 +244,31 @@ class Flow:
         return calls
 
 
-async def invoke(fn: Callable[..., Any], *args: Any, timeout: float | None, **kwargs: Any) -> Any:
-    """Run a sync (in a thread) or async function with an optional timeout."""
+def _check_json_args(tool: str, args: dict[str, Any]) -> None:
+    try:
+        text = json.dumps(args, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidDecision(f"tool {tool}: arguments are not JSON: {exc}") from exc
+    if "\\u0000" in text:
+        raise InvalidDecision(f"tool {tool}: arguments contain a NUL character")
+
+
+async def invoke(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+    *,
+    timeout: float | None,
+) -> Any:
+    """Run a sync (in a thread) or async function with an optional timeout.
+
+    Arguments travel as a tuple and a dict so that a tool's own parameters (``timeout``,
+    ``fn``, ...) never collide with these."""
+    kw = kwargs or {}
     if inspect.iscoroutinefunction(fn):
-        coro: Awaitable[Any] = fn(*args, **kwargs)
+        coro: Awaitable[Any] = fn(*args, **kw)
     else:
-        coro = asyncio.to_thread(fn, *args, **kwargs)
+        coro = asyncio.to_thread(fn, *args, **kw)
     if timeout is None:
         return await coro
     return await asyncio.wait_for(coro, timeout)

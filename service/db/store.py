@@ -28,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from service import errors
 from service.db.validate import check_json, check_text
 from service.model import (
+    RUN_ID_RE,
     Call,
     CallStatus,
     ClaimedRun,
@@ -482,6 +483,8 @@ class Store:
 
     async def get_run(self, run_id: str) -> Run:
         check_text("run id", run_id)
+        if not RUN_ID_RE.fullmatch(run_id):
+            raise errors.InvalidInput(f"invalid run id {run_id[:200]!r}", run_id=None)
         rows = await self._call(
             "SELECT * FROM runledger.runs WHERE run_id = %s",
             (run_id,),

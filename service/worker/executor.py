@@ -17,6 +17,7 @@ import asyncio
 import inspect
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Coroutine
@@ -89,8 +90,17 @@ class ActiveRun:
 
 
 def _jsonable(value: Any) -> Any:
-    """The tool's value as JSON; anything json cannot hold is stringified, not lost."""
-    return json.loads(json.dumps(value, default=str, allow_nan=False))
+    """The tool's value as JSON; anything JSON cannot hold (objects, NaN, infinities,
+    non-string keys) is stringified, not lost."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return _jsonable(json.loads(json.dumps(value, default=str)))
 
 
 def _unpack(value: Any) -> tuple[Any, dict[str, Any] | None]:
@@ -215,18 +225,15 @@ class Executor:
             )
             return
         state_version = c.state_version
+        completed = int((c.state or {}).get("completed_turns", 0))
         while True:
             turns = await self.store.list_turns(c.run_id)
             calls = await self.store.list_calls(c.run_id)
             if turns:
                 last, decided = turns[-1]
                 if not decided:
-                    await self._finish(
-                        active,
-                        FinishStatus.SUCCEEDED,
-                        {"turns": len(turns), "calls": len(calls)},
-                        None,
-                    )
+                    summary = {"turns": len(turns), "calls": len(calls)}
+                    await self._finish(active, FinishStatus.SUCCEEDED, summary, None)
                     return
                 pending = [x for x in calls if x.turn == last and not x.status.terminal]
                 if pending:
@@ -234,18 +241,15 @@ class Executor:
                         for call in pending:
                             await self._settle(active, flow, call)
                     except Paused as p:
-                        await self._finish(
-                            active,
-                            FinishStatus.PAUSED,
-                            None,
-                            f"call {p.key} is unknown: reconcile it",
-                        )
+                        reason = f"call {p.key} is unknown: reconcile it"
+                        await self._finish(active, FinishStatus.PAUSED, None, reason)
                         return
                     except _MissingTool as exc:
-                        await self._finish(
-                            active, FinishStatus.FAILED, {"tool": str(exc)}, "tool_missing"
-                        )
+                        missing = {"tool": str(exc)}
+                        await self._finish(active, FinishStatus.FAILED, missing, "tool_missing")
                         return
+                    continue  # every call of the turn is final now: read the journal again
+                if completed < last + 1:  # also after an operator resolved the last call
                     state_version = await self._write(
                         active,
                         "checkpoint",
@@ -257,13 +261,8 @@ class Executor:
                             {"completed_turns": last + 1},
                         ),
                     )
-                    continue
+                    completed = last + 1
             next_turn = len(turns)
-            if next_turn >= max_turns:
-                await self._finish(
-                    active, FinishStatus.FAILED, {"max_turns": max_turns}, "budget_exceeded"
-                )
-                return
             self._check_boundary(active)
             try:
                 payload = await self._decide(active, flow, next_turn, turns, calls)
@@ -271,21 +270,30 @@ class Executor:
                 await self._finish(active, FinishStatus.FAILED, _error(exc), "invalid_decision")
                 return
             except _PolicyFailed as exc:
-                await self._finish(
-                    active, FinishStatus.FAILED, _error(exc.__cause__ or exc), "policy_error"
-                )
+                error = _error(exc.__cause__ or exc)
+                await self._finish(active, FinishStatus.FAILED, error, "policy_error")
+                return
+            # max_turns counts turns with calls: the policy may always end the run
+            if payload and next_turn >= max_turns:
+                budget = {"max_turns": max_turns}
+                await self._finish(active, FinishStatus.FAILED, budget, "budget_exceeded")
                 return
             if len(calls) + len(payload) > max_calls:
-                await self._finish(
-                    active, FinishStatus.FAILED, {"max_calls": max_calls}, "budget_exceeded"
-                )
+                budget = {"max_calls": max_calls}
+                await self._finish(active, FinishStatus.FAILED, budget, "budget_exceeded")
                 return
             self._check_deadline(active)
-            await self._write(
-                active,
-                "record_turn",
-                self.store.record_turn(c.run_id, c.lease_id, c.fencing_token, next_turn, payload),
-            )
+            try:
+                await self._write(
+                    active,
+                    "record_turn",
+                    self.store.record_turn(
+                        c.run_id, c.lease_id, c.fencing_token, next_turn, payload
+                    ),
+                )
+            except errors.InvalidInput as exc:  # e.g. args the database cannot store
+                await self._finish(active, FinishStatus.FAILED, _error(exc), "invalid_decision")
+                return
 
     async def _decide(
         self,
@@ -323,7 +331,7 @@ class Executor:
         for attempt in range(1, self.limits.policy_attempts + 1):
             try:
                 decided = await invoke(
-                    flow.policy_fn, ctx, history, timeout=self.limits.policy_timeout
+                    flow.policy_fn, (ctx, history), timeout=self.limits.policy_timeout
                 )
                 break
             except InvalidDecision:
@@ -394,7 +402,7 @@ class Executor:
         for n in range(1, tool.max_attempts + 1):
             try:
                 found = await invoke(
-                    tool.lookup_fn, ctx, timeout=tool.timeout or self.limits.tool_timeout
+                    tool.lookup_fn, (ctx,), timeout=tool.timeout or self.limits.tool_timeout
                 )
                 break
             except Exception as exc:
@@ -451,7 +459,7 @@ class Executor:
             self._check_deadline(active)  # no call starts after the local deadline
             ctx = self._tool_ctx(active, call, attempt)
             work = asyncio.ensure_future(
-                invoke(tool.fn, ctx, timeout=tool.timeout or self.limits.tool_timeout, **call.args)
+                invoke(tool.fn, (ctx,), call.args, timeout=tool.timeout or self.limits.tool_timeout)
             )
             try:
                 value = await asyncio.shield(work)

@@ -193,7 +193,10 @@ class Worker:
         try:
             await executor.execute(active)
         finally:
-            self.active.pop(active.run_id, None)
+            # the same run may have been claimed again meanwhile (its lease expired while
+            # this task still ran): only forget our own entry
+            if self.active.get(active.run_id) is active:
+                del self.active[active.run_id]
             self.wake.set()
 
     # -- lease keeper --------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""Leases held by an in-process Worker: renewal during a long call, self-fencing when
+the database says the lease is gone, and the bookkeeping of a run claimed again."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from service.flows import Flow, ToolCall
+from tests.integration.conftest import Db, Recorder, StartWorker, eventually
+
+
+def _flow(rec: Recorder, tool: Any) -> Flow:
+    flow = Flow("leased", "1")
+    flow.tool(safety="idempotent", name="work")(tool)
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        rec.policy(ctx, history)
+        return [] if history else [ToolCall("work", {})]
+
+    return flow
+
+
+async def test_lease_is_renewed_during_a_call_longer_than_the_lease(
+    db: Db, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+
+    async def work(ctx: Any) -> str:
+        rec.tool(ctx)
+        await asyncio.sleep(2.5)  # the call itself: longer than the 2 s lease
+        return "done"
+
+    flow = _flow(rec, work)
+    await db.submit("renew-1", flow)
+    await start_worker(flow, lease_seconds=2.0)
+    run = await db.wait_status("renew-1", "succeeded", "failed", "paused")
+
+    assert run["status"] == "succeeded"
+    assert (run["fencing_token"], run["claims"]) == (1, 1)
+    [call] = await db.calls("renew-1")
+    assert (call["status"], call["attempts"], call["result"]) == ("succeeded", 1, "done")
+    kinds = await db.kinds("renew-1")
+    assert "takeover" not in kinds and "renewal_failed" not in kinds
+    assert "stale_write_rejected" not in kinds
+
+
+async def test_lease_lost_by_the_database_clock_fences_the_running_call(
+    db: Db, db_clock: Any, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+    cancelled: list[int] = []
+
+    async def work(ctx: Any) -> str:
+        rec.tool(ctx)
+        if ctx.attempt == 1:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(ctx.attempt)
+                raise
+        return f"attempt {ctx.attempt}"
+
+    flow = _flow(rec, work)
+    await db.submit("fence-1", flow)
+    # One slot: the claimer cannot take the run again while the first task holds it.
+    w = await start_worker(flow, lease_seconds=3.0, concurrency=1)
+    await eventually(lambda: rec.tool_calls, what="tool running")
+    db_clock.advance(10)  # the lease is now expired by the database clock
+
+    run = await db.wait_status("fence-1", "succeeded", "failed", "paused")
+    assert run["status"] == "succeeded"
+    assert cancelled == [1]  # the in-flight async tool was cancelled (self-fencing)
+    assert rec.tool_calls == [("work", "fence-1:0:c0", 1, 1), ("work", "fence-1:0:c0", 2, 2)]
+    [call] = await db.calls("fence-1")
+    assert (call["status"], call["attempts"], call["result"], call["completed_token"]) == (
+        "succeeded",
+        2,
+        "attempt 2",
+        2,
+    )
+    [failed] = await db.events("fence-1", "renewal_failed")
+    assert failed["actor"] == w.worker_id
+    [takeover] = await db.events("fence-1", "takeover")
+    assert (takeover["actor"], takeover["fencing_token"]) == (w.worker_id, 2)
+    assert takeover["detail"]["previous_token"] == 1
+    assert rec.policy_turns == [0, 1]
+
+
+async def test_reclaiming_its_own_expired_run_keeps_the_current_lease_tracked(
+    db: Db, db_clock: Any, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+    release = asyncio.Event()
+    policy_gate, policy_waiting = threading.Event(), threading.Event()
+    flow = Flow("leased", "1")
+
+    @flow.tool(safety="idempotent")
+    async def work(ctx: Any) -> str:
+        rec.tool(ctx)
+        await release.wait()
+        return "done"
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        rec.policy(ctx, history)
+        if not history:
+            return [ToolCall("work", {})]
+        policy_waiting.set()
+        assert policy_gate.wait(15)
+        return []
+
+    await db.submit("self-1", flow)
+    w = await start_worker(flow)  # lease 30 s: the keeper does not tick during the test
+
+    def run_tasks() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if t.get_name() == "run:self-1" and not t.done()]
+
+    try:
+        await eventually(lambda: rec.tool_calls, what="tool running")
+        db_clock.advance(60)  # lease expired by the database clock; the worker claims it again
+        await eventually(lambda: len(rec.tool_calls) == 2, what="recovered call dispatched")
+        release.set()
+        await eventually(policy_waiting.is_set, what="policy of turn 1 running")
+        await eventually(lambda: len(run_tasks()) == 1, what="one task left for the run")
+
+        run = await db.run("self-1")
+        assert (run["status"], run["fencing_token"], run["lease_owner"]) == (
+            "running",
+            2,
+            w.worker_id,
+        )
+        held = w.worker.active.get("self-1")
+        assert held is not None, "the worker drives the run but no longer tracks its lease"
+        assert held.claim.lease_id == run["lease_id"]
+    finally:
+        policy_gate.set()
+        release.set()
+    assert (await db.wait_status("self-1", "succeeded", "failed"))["status"] == "succeeded"
