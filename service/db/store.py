@@ -18,6 +18,7 @@ import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
@@ -513,6 +514,29 @@ class Store:
         )
         return [call_from_row(r) for r in rows]
 
+    async def load_journal(self, run_id: str) -> Journal:
+        """The run's recorded turns and calls, and its stalled-claim count, in one round trip."""
+        rows = await self._call(
+            """SELECT r.stalled_claims,
+                      (SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls)
+                                                ORDER BY t.turn), '[]'::json)
+                       FROM runledger.run_turns t WHERE t.run_id = r.run_id) AS turns,
+                      (SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json)
+                       FROM runledger.run_calls c WHERE c.run_id = r.run_id) AS calls
+               FROM runledger.runs r WHERE r.run_id = %s""",
+            (run_id,),
+            fields={"run_id": run_id},
+            repeatable=True,
+        )
+        if not rows:
+            raise errors.RunNotFound(f"run {run_id} not found", run_id=run_id)
+        row = rows[0]
+        return Journal(
+            stalled_claims=row["stalled_claims"],
+            turns=[(int(t["turn"]), list(t["calls"])) for t in row["turns"]],
+            calls=[call_from_row(c) for c in row["calls"]],
+        )
+
     async def list_turns(self, run_id: str) -> list[tuple[int, list[dict[str, Any]]]]:
         rows = await self._call(
             "SELECT turn, calls FROM runledger.run_turns WHERE run_id = %s ORDER BY turn",
@@ -552,6 +576,13 @@ class Store:
         rows = await self._call("SELECT runledger.now() AS now", (), repeatable=True)
         now: dt.datetime = rows[0]["now"]
         return now
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Journal:
+    stalled_claims: int
+    turns: list[tuple[int, list[dict[str, Any]]]]
+    calls: list[Call]
 
 
 def _word(what: str, value: str, enum: type[Any]) -> str:

@@ -215,20 +215,19 @@ class Executor:
         flow = self.flows[f"{c.flow}@{c.flow_version}"]
         max_turns = flow.max_turns or self.limits.max_turns
         max_calls = flow.max_calls or self.limits.max_calls
-        run = await self.store.get_run(c.run_id)
-        if run.stalled_claims > self.limits.max_stalled_claims:
+        journal = await self.store.load_journal(c.run_id)
+        if journal.stalled_claims > self.limits.max_stalled_claims:
             await self._finish(
                 active,
                 FinishStatus.FAILED,
-                {"claims_without_progress": run.stalled_claims},
+                {"claims_without_progress": journal.stalled_claims},
                 "crash_loop",
             )
             return
         state_version = c.state_version
         completed = int((c.state or {}).get("completed_turns", 0))
         while True:
-            turns = await self.store.list_turns(c.run_id)
-            calls = await self.store.list_calls(c.run_id)
+            turns, calls = journal.turns, journal.calls
             if turns:
                 last, decided = turns[-1]
                 if not decided:
@@ -248,7 +247,9 @@ class Executor:
                         missing = {"tool": str(exc)}
                         await self._finish(active, FinishStatus.FAILED, missing, "tool_missing")
                         return
-                    continue  # every call of the turn is final now: read the journal again
+                    # every call of the turn is final now: read the journal again
+                    journal = await self.store.load_journal(c.run_id)
+                    continue
                 if completed < last + 1:  # also after an operator resolved the last call
                     state_version = await self._write(
                         active,
@@ -294,6 +295,7 @@ class Executor:
             except errors.InvalidInput as exc:  # e.g. args the database cannot store
                 await self._finish(active, FinishStatus.FAILED, _error(exc), "invalid_decision")
                 return
+            journal = await self.store.load_journal(c.run_id)
 
     async def _decide(
         self,
