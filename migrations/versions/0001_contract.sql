@@ -66,7 +66,8 @@ CREATE TABLE runledger.runs (
     CONSTRAINT ck_runs_finished_at CHECK (
         (status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL))
 );
-CREATE INDEX ix_runs_claimable ON runledger.runs (flow, flow_version, priority, created_at)
+-- claim_runs' order: highest priority first, then oldest
+CREATE INDEX ix_runs_claimable ON runledger.runs (flow, flow_version, priority DESC, created_at)
     WHERE status IN ('queued', 'running');
 CREATE INDEX ix_runs_status ON runledger.runs (status);
 
@@ -853,15 +854,17 @@ BEGIN
                                    ELSE 'failed' END,
         result = CASE WHEN p_resolution = 'applied' THEN coalesce(p_receipt, '{}'::jsonb) END,
         receipt = CASE WHEN p_resolution = 'applied' THEN p_receipt END,
+        -- A call resolved as applied is a succeeded call like any other: no error. The
+        -- error reported with the unknown outcome stays in the call_resolved event.
         error = CASE WHEN p_resolution = 'abandoned'
                      THEN jsonb_strip_nulls(jsonb_build_object('reason', 'abandoned', 'note', p_note))
-                     WHEN p_resolution = 'not_applied' THEN NULL
-                     ELSE error END,
+                END,
         resolved_by = p_actor, resolved_at = v_now, resolution_note = p_note
     WHERE idempotency_key = p_idempotency_key AND status = 'unknown';
     PERFORM runledger._event(v_run_id, 'call_resolved', p_actor, NULL, r.state_version,
         jsonb_strip_nulls(jsonb_build_object('idempotency_key', p_idempotency_key,
-                                             'resolution', p_resolution, 'note', p_note)));
+                                             'resolution', p_resolution, 'note', p_note,
+                                             'unknown_error', c.error)));
     SELECT count(*) INTO v_left FROM runledger.run_calls x
     WHERE x.run_id = v_run_id AND x.status = 'unknown';
     IF v_left = 0 THEN
@@ -966,9 +969,12 @@ $$;
 -- ---------------------------------------------------------------------------------
 -- The second wall: triggers that hold even for the owner's direct UPDATE
 -- ---------------------------------------------------------------------------------
+-- The guard functions are SECURITY DEFINER so that a refusal is always RL007 naming the
+-- invariant: run as the writer, a role granted UPDATE on a table (a DBA role) would get
+-- "permission denied for function _raise" instead, since helpers are not granted.
 
 CREATE FUNCTION runledger._guard_runs() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
@@ -1015,7 +1021,7 @@ CREATE TRIGGER tg_runs_guard BEFORE UPDATE OR DELETE ON runledger.runs
 ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard;
 
 CREATE FUNCTION runledger._guard_run_calls() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
@@ -1052,7 +1058,7 @@ CREATE TRIGGER tg_run_calls_guard BEFORE UPDATE OR DELETE ON runledger.run_calls
 ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard;
 
 CREATE FUNCTION runledger._guard_run_turns() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
@@ -1070,7 +1076,7 @@ CREATE TRIGGER tg_run_turns_guard BEFORE UPDATE OR DELETE ON runledger.run_turns
 ALTER TABLE runledger.run_turns ENABLE ALWAYS TRIGGER tg_run_turns_guard;
 
 CREATE FUNCTION runledger._guard_run_events() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
@@ -1093,7 +1099,7 @@ ALTER TABLE runledger.run_events ENABLE ALWAYS TRIGGER tg_run_events_no_truncate
 -- TRUNCATE fires no row trigger: without these, one statement by the owner would wipe
 -- the journal that the DELETE guards above protect.
 CREATE FUNCTION runledger._guard_truncate() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 import random
 import uuid
@@ -247,6 +248,7 @@ class Store:
         lease_ids: Sequence[uuid.UUID],
         lease: dt.timedelta,
     ) -> list[RenewedLease]:
+        check_text("worker id", worker_id)
         rows = await self._call(
             "SELECT * FROM runledger.renew_leases(%s, %s::text[], %s::uuid[], %s::interval)",
             (worker_id, list(run_ids), list(lease_ids), lease),
@@ -267,9 +269,11 @@ class Store:
     ) -> int:
         payload = self._json("state", state, obj=True)
 
+        stored = json.loads(json.dumps(state))  # as it comes back (tuples become lists)
+
         async def landed() -> Any:
             run = await self.get_run(run_id)
-            if run.state_version == expected_version + 1 and run.state == state:
+            if run.state_version == expected_version + 1 and run.state == stored:
                 return [{"checkpoint": expected_version + 1}]
             return _MISSING
 
@@ -303,6 +307,8 @@ class Store:
         check_text("idempotency key", idempotency_key)
 
         async def landed() -> Any:
+            # Dispatched under this token is what the protocol needs before the tool runs.
+            # (A repeat under the same lease cannot tell which attempt number landed.)
             call = await self.get_call(idempotency_key)
             if call.status is CallStatus.DISPATCHED and call.dispatched_token == fencing_token:
                 return [{"attempt": call.attempts}]
@@ -394,6 +400,8 @@ class Store:
         operation: str,
         message: str,
     ) -> None:
+        check_text("worker id", worker_id)
+        check_text("operation", operation)
         await self._call(
             "SELECT runledger.report_stale_write(%s, %s, %s, %s, %s, %s)",
             (run_id, worker_id, lease_id, fencing_token, operation, message.replace("\x00", "")),
@@ -497,6 +505,7 @@ class Store:
         return run_from_row(rows[0])
 
     async def get_call(self, idempotency_key: str) -> Call:
+        check_text("idempotency key", idempotency_key)
         rows = await self._call(
             "SELECT * FROM runledger.run_calls WHERE idempotency_key = %s",
             (idempotency_key,),
@@ -507,6 +516,7 @@ class Store:
         return call_from_row(rows[0])
 
     async def list_calls(self, run_id: str) -> list[Call]:
+        check_text("run id", run_id)
         rows = await self._call(
             "SELECT * FROM runledger.run_calls WHERE run_id = %s ORDER BY turn, position",
             (run_id,),
@@ -516,6 +526,7 @@ class Store:
 
     async def load_journal(self, run_id: str) -> Journal:
         """The run's recorded turns and calls, and its stalled-claim count, in one round trip."""
+        check_text("run id", run_id)
         rows = await self._call(
             """SELECT r.stalled_claims,
                       (SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls)
@@ -538,6 +549,7 @@ class Store:
         )
 
     async def list_turns(self, run_id: str) -> list[tuple[int, list[dict[str, Any]]]]:
+        check_text("run id", run_id)
         rows = await self._call(
             "SELECT turn, calls FROM runledger.run_turns WHERE run_id = %s ORDER BY turn",
             (run_id,),
@@ -546,6 +558,7 @@ class Store:
         return [(int(r["turn"]), list(r["calls"])) for r in rows]
 
     async def list_events(self, run_id: str) -> list[Event]:
+        check_text("run id", run_id)
         rows = await self._call(
             "SELECT * FROM runledger.run_events WHERE run_id = %s ORDER BY event_id",
             (run_id,),

@@ -107,7 +107,7 @@ Index(
     "ix_runs_claimable",
     runs.c.flow,
     runs.c.flow_version,
-    runs.c.priority,
+    runs.c.priority.desc(),
     runs.c.created_at,
     postgresql_where=runs.c.status.in_(["queued", "running"]),
 )

@@ -43,13 +43,24 @@ class Lease:
 # -- assertions -----------------------------------------------------------------------
 
 
+class Caught:
+    """The driver error caught by :func:`sqlstate` (``.value``), like pytest's ExceptionInfo."""
+
+    value: psycopg.Error
+
+
 @contextlib.contextmanager
-def sqlstate(code: str) -> Iterator[pytest.ExceptionInfo[psycopg.Error]]:
-    """Expect a driver error with exactly this SQLSTATE."""
-    with pytest.raises(psycopg.Error) as info:
-        yield info
-    got = info.value.sqlstate
-    assert got == code, f"expected SQLSTATE {code}, got {got}: {info.value}"
+def sqlstate(code: str, case: object = "") -> Iterator[Caught]:
+    """Expect a driver error with exactly this SQLSTATE; ``case`` labels a failure."""
+    caught = Caught()
+    label = f"[{case!r}] " if case != "" else ""
+    try:
+        yield caught
+    except psycopg.Error as exc:
+        caught.value = exc
+        assert exc.sqlstate == code, f"{label}expected SQLSTATE {code}, got {exc.sqlstate}: {exc}"
+    else:
+        pytest.fail(f"{label}expected SQLSTATE {code}, but the statement was accepted")
 
 
 TABLES = ("runs", "run_turns", "run_calls", "run_events", "workers")
@@ -66,13 +77,21 @@ def snapshot(admin: Conn) -> dict[str, list[Row]]:
 
 
 @contextlib.contextmanager
-def unchanged(admin: Conn) -> Iterator[None]:
+def unchanged(admin: Conn, case: object = "") -> Iterator[None]:
     """Assert that nothing in any runledger table changed inside the block."""
     before = snapshot(admin)
     yield
     after = snapshot(admin)
+    label = f"[{case!r}] " if case != "" else ""
     for table in TABLES:
-        assert after[table] == before[table], f"runledger.{table} changed"
+        assert after[table] == before[table], f"{label}runledger.{table} changed"
+
+
+@contextlib.contextmanager
+def refused(admin: Conn, code: str, case: object = "") -> Iterator[Caught]:
+    """Expect SQLSTATE ``code`` and no change at all in the runledger tables."""
+    with unchanged(admin, case), sqlstate(code, case) as caught:
+        yield caught
 
 
 # -- reads ----------------------------------------------------------------------------
