@@ -22,7 +22,7 @@ import random
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from service import errors
 from service.db.store import Store
@@ -101,6 +101,18 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return _jsonable(json.loads(json.dumps(value, default=str)))
+
+
+class _Backoff:
+    """Jittered exponential backoff between attempts of one step."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.delay = limits.backoff
+        self.cap = limits.max_backoff
+
+    async def sleep(self) -> None:
+        await asyncio.sleep(self.delay * (0.5 + random.random()))
+        self.delay = min(self.delay * 2, self.cap)
 
 
 def _unpack(value: Any) -> tuple[Any, dict[str, Any] | None]:
@@ -329,7 +341,7 @@ class Executor:
         ctx = PolicyContext(
             run_id=active.run_id, flow=flow.ref, input=active.claim.input, turn=turn
         )
-        delay = self.limits.backoff
+        backoff = _Backoff(self.limits)
         for attempt in range(1, self.limits.policy_attempts + 1):
             try:
                 decided = await invoke(
@@ -345,8 +357,7 @@ class Executor:
                     "policy failed, retrying",
                     extra={"run_id": active.run_id, "attempt": attempt, "error": repr(exc)},
                 )
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self.limits.max_backoff)
+                await backoff.sleep()
             self._check_boundary(active)
         return flow.normalize(decided)
 
@@ -377,17 +388,8 @@ class Executor:
             },
         )
         if tool.safety is Safety.UNSAFE:
-            await self._complete(
-                active,
-                call,
-                Outcome.UNKNOWN,
-                {
-                    "reason": "in flight when its worker stopped; unsafe to repeat",
-                    "attempts": call.attempts,
-                },
-                None,
-            )
-            raise Paused(call.idempotency_key)
+            why = {"reason": "in flight when its worker stopped; unsafe to repeat"}
+            await self._pause(active, call, {**why, "attempts": call.attempts})
         if tool.safety is Safety.LOOKUP and await self._looked_up(
             active, tool, call, call.attempts
         ):
@@ -400,7 +402,7 @@ class Executor:
         """Ask the provider whether the key took effect; complete the call if it did."""
         assert tool.lookup_fn is not None
         ctx = self._tool_ctx(active, call, attempt)
-        delay = self.limits.backoff
+        backoff = _Backoff(self.limits)
         for n in range(1, tool.max_attempts + 1):
             try:
                 found = await invoke(
@@ -409,16 +411,8 @@ class Executor:
                 break
             except Exception as exc:
                 if n == tool.max_attempts:
-                    await self._complete(
-                        active,
-                        call,
-                        Outcome.UNKNOWN,
-                        {"reason": "lookup failed", **_error(exc)},
-                        None,
-                    )
-                    raise Paused(call.idempotency_key) from exc
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self.limits.max_backoff)
+                    await self._pause(active, call, {"reason": "lookup failed", **_error(exc)})
+                await backoff.sleep()
         if found is None:
             return False
         receipt = _jsonable(found)
@@ -444,7 +438,7 @@ class Executor:
     async def _attempts(self, active: ActiveRun, tool: Tool[Any], call: Call) -> None:
         """Dispatch and invoke, repeating with the same key where the safety class allows."""
         c = active.claim
-        delay = self.limits.backoff
+        backoff = _Backoff(self.limits)
         tries = 0
         while True:
             tries += 1
@@ -470,8 +464,7 @@ class Executor:
                 raise
             except NotApplied as na:
                 if na.retry and tries < tool.max_attempts:
-                    await asyncio.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, self.limits.max_backoff)
+                    await backoff.sleep()
                     continue
                 await self._complete(
                     active, call, Outcome.FAILED, {"reason": na.reason, "not_applied": True}, None
@@ -488,33 +481,20 @@ class Executor:
                     },
                 )
                 if tool.safety is Safety.UNSAFE:
-                    await self._complete(
-                        active,
-                        call,
-                        Outcome.UNKNOWN,
-                        {"reason": "ambiguous failure of an unsafe tool", **_error(exc)},
-                        None,
-                    )
-                    raise Paused(call.idempotency_key) from exc
+                    why = {"reason": "ambiguous failure of an unsafe tool"}
+                    await self._pause(active, call, {**why, **_error(exc)})
                 if tool.safety is Safety.LOOKUP and await self._looked_up(
                     active, tool, call, attempt
                 ):
                     return
                 if tries >= tool.max_attempts:
                     if tool.safety is Safety.IDEMPOTENT:
-                        await self._complete(
-                            active,
-                            call,
-                            Outcome.UNKNOWN,
-                            {"reason": "retries exhausted", **_error(exc)},
-                            None,
-                        )
-                        raise Paused(call.idempotency_key) from exc
+                        exhausted = {"reason": "retries exhausted", **_error(exc)}
+                        await self._pause(active, call, exhausted)
                     # read_only, or lookup said it did not happen: certainly no effect
                     await self._complete(active, call, Outcome.FAILED, _error(exc), None)
                     return
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self.limits.max_backoff)
+                await backoff.sleep()
                 continue
             self.crash.hit("after_effect", tool.name)
             result, receipt = _unpack(value)
@@ -551,6 +531,11 @@ class Executor:
             await self._report_stale(active, exc)
         except Exception:
             log.exception("late result not recorded", extra={"run_id": active.run_id})
+
+    async def _pause(self, active: ActiveRun, call: Call, error: dict[str, Any]) -> NoReturn:
+        """Record the call as ``unknown`` (not failed: it may have happened) and pause."""
+        await self._complete(active, call, Outcome.UNKNOWN, error, None)
+        raise Paused(call.idempotency_key)
 
     async def _complete(
         self,
