@@ -481,6 +481,9 @@ BEGIN
                                   'current_owner', x.lease_owner, 'status', x.status)
         FROM wanted w JOIN runledger.runs x ON x.run_id = w.run_id
         WHERE NOT EXISTS (SELECT 1 FROM renewed n WHERE n.run_id = w.run_id)
+          -- a run that left 'running' (finished, released, cancelled) has its own event:
+          -- only a lease that expired or was taken over is a renewal failure
+          AND x.status = 'running'
     )
     SELECT n.run_id, n.lease_expires_at FROM renewed n;
 END

@@ -113,7 +113,6 @@ class Store:
             min_size=min_size,
             max_size=max_size,
             kwargs={"autocommit": True, "row_factory": dict_row},
-            check=AsyncConnectionPool.check_connection,
             open=False,
             name="runledger",
         )

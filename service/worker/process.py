@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime as dt
 import logging
@@ -94,6 +95,14 @@ class Worker:
             loop.add_signal_handler(sig, self.request_stop)
 
     async def run(self) -> None:
+        # plain-def tools and policies run in threads: one per run slot, or a slot would
+        # wait for a thread while its lease runs
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.concurrency + 4, thread_name_prefix="runledger-tool"
+            )
+        )
         self.store = await Store.connect(
             self.database_url,
             min_size=1,
@@ -220,7 +229,7 @@ class Worker:
                     for a in held:
                         if a.run_id in kept:
                             a.deadline = sent + self.lease_seconds - self.margin
-                        else:
+                        elif self.active.get(a.run_id) is a:  # not one that just finished
                             self._fence(a, "lease not renewed")
                 await self.store.heartbeat_worker(self.worker_id)
             except Exception:

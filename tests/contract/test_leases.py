@@ -314,8 +314,20 @@ def test_renew_batch_returns_only_the_leases_still_held(worker: Conn, admin_conn
     got = renew(worker, "w1", [held["a"], held["b"]])
 
     assert [r["run_id"] for r in got] == ["a"]
-    assert [e["run_id"] for e in events(admin_conn, "b", "renewal_failed")] == ["b"]
+    # the cancellation has its own event naming the holder; no renewal failure on top
+    assert events(admin_conn, "b", "renewal_failed") == []
+    assert events(admin_conn, "b", "run_cancelled")[0]["detail"]["previous_owner"] == "w1"
     assert events(admin_conn, "a", "renewal_failed") == []
+
+
+def test_renew_racing_its_own_finish_is_not_a_renewal_failure(
+    worker: Conn, admin_conn: Conn
+) -> None:
+    lease = submit_and_claim(worker)
+    finish(worker, lease, "succeeded")  # the keeper's list was taken just before this
+
+    assert renew(worker, "w1", [lease]) == []
+    assert events(admin_conn, "r1", "renewal_failed") == []
 
 
 def test_renew_by_another_worker_id_is_refused(worker: Conn, admin_conn: Conn) -> None:

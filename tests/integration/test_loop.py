@@ -740,3 +740,28 @@ async def test_stop_lets_the_call_finish_then_releases_the_lease(
     assert run["status"] == "succeeded"
     assert len(rec.tool_calls) == 1  # the unsafe call was not repeated
     assert rec.policy_turns == [0, 1]
+
+
+async def test_every_run_slot_gets_a_thread_for_its_plain_def_tool(
+    db: Db, start_worker: StartWorker
+) -> None:
+    slots = 12  # more than the default thread pool has on a 2-core machine (cpu + 4)
+    together = threading.Barrier(slots, timeout=20)
+    flow = Flow("slots", "1")
+
+    @flow.tool(safety="read_only")
+    def meet(ctx: Any) -> int:
+        return together.wait()  # returns only when all `slots` calls run at once
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return [] if history else [ToolCall("meet", {})]
+
+    for n in range(slots):
+        await db.submit(f"slot-{n}", flow)
+    await start_worker(flow, concurrency=slots)
+    for n in range(slots):
+        run = await db.wait_status(f"slot-{n}", "succeeded", "failed", "paused", timeout=40)
+        assert run["status"] == "succeeded", run
+        [call] = await db.calls(f"slot-{n}")
+        assert (call["status"], call["attempts"]) == ("succeeded", 1), call
