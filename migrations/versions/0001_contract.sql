@@ -1199,8 +1199,14 @@ BEGIN
         TO runledger_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_operator') THEN
-        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
-            GRANT runledger_worker TO runledger_operator;
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker')
+           AND NOT pg_has_role('runledger_operator', 'runledger_worker', 'MEMBER') THEN
+            BEGIN
+                GRANT runledger_worker TO runledger_operator;
+            EXCEPTION WHEN insufficient_privilege THEN
+                RAISE WARNING 'runledger: could not make runledger_operator a member of runledger_worker (%); grant it as an admin',
+                    SQLERRM;
+            END;
         END IF;
         GRANT USAGE ON SCHEMA runledger TO runledger_operator;
         GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO runledger_operator;
