@@ -1,0 +1,62 @@
+"""`runledger audit`: every invariant check passes on an honest journal and names the
+one that breaks when the tables are tampered with."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+from service.audit import CHECKS, run_checks
+from service.cli import main
+from service.db.store import Store
+
+
+async def _one_finished_run(store: Store) -> None:
+    await store.submit_run("aud-1", "demo", "1", {})
+    (c,) = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    args = (c.run_id, c.lease_id, c.fencing_token)
+    await store.record_turn(*args, 0, [{"call_id": "c1", "tool": "t", "args": {}}])
+    await store.dispatch_call(*args, "aud-1:0:c1")
+    await store.complete_call(*args, "aud-1:0:c1", "succeeded", {"ok": True}, {"id": 1})
+    await store.record_turn(*args, 1, [])
+    await store.finish_run(*args, "succeeded", {"done": True}, None)
+
+
+async def test_an_honest_journal_passes_every_check(store: Store, database_url: str) -> None:
+    await _one_finished_run(store)
+    findings = run_checks(database_url)
+    assert [f.check.name for f in findings] == [c.name for c in CHECKS]
+    assert all(f.ok for f in findings), [(f.check.name, f.rows) for f in findings if not f.ok]
+    result = CliRunner().invoke(main, ["audit", "--database-url", database_url])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("tamper", "check"),
+    [
+        (
+            "INSERT INTO runledger.run_events (run_id, at, kind, actor, fencing_token) "
+            "VALUES ('aud-1', now(), 'claimed', 'ghost', 1)",
+            "claim_token_reused",
+        ),
+        (
+            "INSERT INTO runledger.run_events (run_id, at, kind, actor, fencing_token) "
+            "VALUES ('aud-1', now(), 'checkpoint', 'ghost', 0)",
+            "event_token_went_back",
+        ),
+    ],
+)
+async def test_tampering_is_named(
+    store: Store, database_url: str, admin_conn: psycopg.Connection[Any], tamper: str, check: str
+) -> None:
+    await _one_finished_run(store)
+    admin_conn.execute(tamper)
+    broken = {f.check.name for f in run_checks(database_url) if not f.ok}
+    assert broken == {check}
+    result = CliRunner().invoke(main, ["audit", "--database-url", database_url, "--json"])
+    assert result.exit_code == 1
+    assert f'"check": "{check}"' in result.output
