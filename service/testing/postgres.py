@@ -25,7 +25,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlencode
@@ -207,6 +206,7 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
             timeout=60,
             **{**kwargs, "check": False},
         )
+        out.close()
         shutil.rmtree(base, ignore_errors=True)
 
     server = Server(admin_url=f"postgresql://postgres@127.0.0.1:{port}/postgres", backend=backend)
@@ -372,12 +372,3 @@ class Databases:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(name)))
             )
-
-
-@contextlib.contextmanager
-def running_server() -> Iterator[Server]:
-    server = acquire_server()
-    try:
-        yield server
-    finally:
-        server.stop()

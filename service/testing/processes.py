@@ -4,7 +4,9 @@ fake provider in its own process. Waiting is always on a condition with a deadli
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +63,11 @@ class ProviderProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log.name)
 
 
 class WorkerPool:
@@ -169,9 +176,10 @@ class WorkerPool:
         return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else ""
 
     def close(self) -> None:
-        for i, proc in enumerate(self.procs):
+        """Kill every worker still running and remove the logs."""
+        for proc in self.procs:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
-            del i
+        shutil.rmtree(self._dir, ignore_errors=True)
