@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from service.model import CALL_ID_RE, FLOW_NAME_RE, FLOW_VERSION_RE, Safety, flow_ref
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,12 @@ class ToolContext:
     idempotency_key: str
     fencing_token: int
     attempt: int
-    deadline: float  # time.monotonic() value after which the lease may be gone
+    lease_deadline: Callable[[], float] = field(repr=False)
+
+    @property
+    def deadline(self) -> float:
+        """``time.monotonic()`` value after which the lease may be gone (moves on renewal)."""
+        return self.lease_deadline()
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -267,8 +274,18 @@ async def invoke(
     kw = kwargs or {}
     if inspect.iscoroutinefunction(fn):
         coro: Awaitable[Any] = fn(*args, **kw)
-    else:
-        coro = asyncio.to_thread(fn, *args, **kw)
-    if timeout is None:
-        return await coro
-    return await asyncio.wait_for(coro, timeout)
+        return await coro if timeout is None else await asyncio.wait_for(coro, timeout)
+    # A thread cannot be interrupted. Giving up on it would let the runtime look the
+    # effect up or send it again while the first attempt may still land, so a plain
+    # ``def`` is always waited for; its timeout is only reported.
+    thread = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kw))
+    if timeout is not None:
+        done, _ = await asyncio.wait({thread}, timeout=timeout)
+        if not done:
+            log.warning(
+                "%s is past its timeout of %s s; a thread cannot be stopped: waiting for it "
+                "(make it async, or honour ctx.deadline, to be interruptible)",
+                getattr(fn, "__name__", fn),
+                timeout,
+            )
+    return await thread

@@ -57,6 +57,7 @@ class Outcome(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     UNKNOWN = "unknown"
+    NOT_APPLIED = "not_applied"  # certainly no effect: back to planned, sent again later
 
 
 class FinishStatus(StrEnum):

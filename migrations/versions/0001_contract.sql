@@ -680,7 +680,10 @@ DECLARE
     v_now timestamptz := runledger.now();
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    PERFORM runledger._check_word('outcome', p_outcome, ARRAY['succeeded', 'failed', 'unknown']);
+    -- not_applied: the effect certainly did not happen and the call will be sent again
+    -- with the same key; it goes back to planned, so no one mistakes it for in flight.
+    PERFORM runledger._check_word('outcome', p_outcome,
+                                  ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
     PERFORM runledger._check_json('result', p_result, false, true);
     PERFORM runledger._check_json('receipt', p_receipt, true, true);
     c := runledger._lock_call(p_run_id, p_idempotency_key);
@@ -690,11 +693,13 @@ BEGIN
             NULL, 'dispatch_call must be committed before the tool runs');
     END IF;
     UPDATE runledger.run_calls
-    SET status = p_outcome,
+    SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
         result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
-        receipt = p_receipt,
+        receipt = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_receipt END,
         error = CASE WHEN p_outcome = 'succeeded' THEN NULL ELSE p_result END,
-        completed_token = p_fencing_token, completed_by = r.lease_owner, completed_at = v_now
+        completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
+        completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
+        completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
     WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
     UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
     WHERE run_id = p_run_id AND lease_id = p_lease_id;
@@ -726,6 +731,16 @@ BEGIN
                 format('run %s cannot succeed with %s open call(s)', p_run_id, v_open),
                 NULL, 'complete or pause first');
         END IF;
+    ELSIF p_status = 'failed' THEN
+        -- A call that may have taken effect must stay reconcilable: a failed run could
+        -- never be resumed, so its ambiguous calls would stay ambiguous for good.
+        SELECT count(*) INTO v_open FROM runledger.run_calls c
+        WHERE c.run_id = p_run_id AND c.status IN ('dispatched', 'unknown');
+        IF v_open > 0 THEN
+            PERFORM runledger._raise('RL004',
+                format('run %s cannot fail with %s call(s) in flight or unknown', p_run_id, v_open),
+                NULL, 'mark in-flight calls unknown and pause the run for a person instead');
+        END IF;
     END IF;
     UPDATE runledger.runs
     SET status = p_status,
@@ -754,8 +769,10 @@ DECLARE
     v_now timestamptz := runledger.now();
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    -- a run handed back (a draining worker) did not stall: undo its claim's count
     UPDATE runledger.runs
     SET status = 'queued', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        stalled_claims = greatest(stalled_claims - 1, 0),
         available_at = v_now, updated_at = v_now
     WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token;
     PERFORM runledger._event(p_run_id, 'lease_released', r.lease_owner, p_fencing_token,
@@ -846,10 +863,12 @@ BEGIN
     END IF;
     r := runledger._lock_run(v_run_id);           -- the run row first, then the call
     c := runledger._lock_call(v_run_id, p_idempotency_key);
-    IF c.status <> 'unknown' OR r.status <> 'paused' THEN
+    -- A running run's holder may still be deciding about the call: resolve only calls
+    -- of runs nobody holds (paused, and cancelled or failed ones, for the ledger's sake).
+    IF c.status <> 'unknown' OR r.status NOT IN ('paused', 'cancelled', 'failed') THEN
         PERFORM runledger._raise('RL004',
-            format('call %s is %s in a %s run; only unknown calls of paused runs are resolved',
-                   p_idempotency_key, c.status, r.status), NULL, NULL);
+            format('call %s is %s in a %s run; only unknown calls of paused, cancelled or '
+                   'failed runs are resolved', p_idempotency_key, c.status, r.status), NULL, NULL);
     END IF;
     UPDATE runledger.run_calls
     SET status = CASE p_resolution WHEN 'applied' THEN 'succeeded'
@@ -870,7 +889,7 @@ BEGIN
                                              'unknown_error', c.error)));
     SELECT count(*) INTO v_left FROM runledger.run_calls x
     WHERE x.run_id = v_run_id AND x.status = 'unknown';
-    IF v_left = 0 THEN
+    IF v_left = 0 AND r.status = 'paused' THEN
         UPDATE runledger.runs
         SET status = 'queued', pause_reason = NULL, available_at = v_now, updated_at = v_now
         WHERE run_id = v_run_id AND status = 'paused';
@@ -903,6 +922,13 @@ BEGIN
         error = jsonb_strip_nulls(jsonb_build_object('reason', 'cancelled', 'note', p_reason)),
         finished_at = v_now, updated_at = v_now
     WHERE run_id = p_run_id AND status IN ('queued', 'running', 'paused');
+    -- A call in flight may have taken effect: it becomes unknown, for a person to
+    -- reconcile (resolve_call works on cancelled runs), instead of dispatched forever.
+    UPDATE runledger.run_calls
+    SET status = 'unknown',
+        error = jsonb_build_object('reason', 'cancelled while in flight'),
+        completed_at = v_now
+    WHERE run_id = p_run_id AND status = 'dispatched';
     PERFORM runledger._event(p_run_id, 'run_cancelled', coalesce(p_actor, 'operator'), NULL,
         r.state_version, jsonb_strip_nulls(jsonb_build_object(
             'reason', p_reason, 'previous_status', r.status, 'previous_owner', r.lease_owner)));

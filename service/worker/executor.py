@@ -229,12 +229,7 @@ class Executor:
         max_calls = flow.max_calls or self.limits.max_calls
         journal = await self.store.load_journal(c.run_id)
         if journal.stalled_claims > self.limits.max_stalled_claims:
-            await self._finish(
-                active,
-                FinishStatus.FAILED,
-                {"claims_without_progress": journal.stalled_claims},
-                "crash_loop",
-            )
+            await self._give_up(active, journal.calls, journal.stalled_claims)
             return
         state_version = c.state_version
         completed = int((c.state or {}).get("completed_turns", 0))
@@ -309,6 +304,21 @@ class Executor:
                 return
             journal = await self.store.load_journal(c.run_id)
 
+    async def _give_up(self, active: ActiveRun, calls: list[Call], stalled: int) -> None:
+        """Claimed too often without progress. A call that may have been sent is marked
+        unknown and the run pauses for a person; otherwise it fails as ``crash_loop``."""
+        in_flight = [x for x in calls if x.status in (CallStatus.DISPATCHED, CallStatus.UNKNOWN)]
+        if not in_flight:
+            claims = {"claims_without_progress": stalled}
+            await self._finish(active, FinishStatus.FAILED, claims, "crash_loop")
+            return
+        for call in in_flight:
+            if call.status is CallStatus.DISPATCHED:
+                error = {"reason": "crash_loop", "claims_without_progress": stalled}
+                await self._complete(active, call, Outcome.UNKNOWN, error, None)
+        reason = f"crash_loop: {stalled} claims without progress with call(s) in flight"
+        await self._finish(active, FinishStatus.PAUSED, None, reason)
+
     async def _decide(
         self,
         active: ActiveRun,
@@ -369,7 +379,10 @@ class Executor:
         if call.status is CallStatus.UNKNOWN:
             raise Paused(call.idempotency_key)
         if tool is None:
-            # The decision names a tool this code no longer has: nothing safe to do.
+            # The decision names a tool this code no longer has: nothing safe to do. A
+            # call that may have been sent stays reconcilable.
+            if call.status is CallStatus.DISPATCHED:
+                await self._pause(active, call, {"reason": f"tool {call.tool} is not in this flow"})
             raise _MissingTool(call.tool)
         if call.status is CallStatus.DISPATCHED:
             await self._recover(active, tool, call)
@@ -432,7 +445,7 @@ class Executor:
             idempotency_key=call.idempotency_key,
             fencing_token=c.fencing_token,
             attempt=attempt,
-            deadline=active.deadline,
+            lease_deadline=lambda: active.deadline,
         )
 
     async def _attempts(self, active: ActiveRun, tool: Tool[Any], call: Call) -> None:
@@ -464,6 +477,14 @@ class Executor:
                 raise
             except NotApplied as na:
                 if na.retry and tries < tool.max_attempts:
+                    # back to planned at once: nobody may take a certain "no" for "maybe"
+                    await self._complete(
+                        active,
+                        call,
+                        Outcome.NOT_APPLIED,
+                        {"reason": na.reason, "not_applied": True},
+                        None,
+                    )
                     await backoff.sleep()
                     continue
                 await self._complete(
@@ -515,9 +536,23 @@ class Executor:
         if inspect.iscoroutinefunction(tool.fn):
             work.cancel()
             return
-        task = asyncio.create_task(self._late_result(active, call, work))
+        self._track(active, self._late_result(active, call, work))
+
+    def _track(self, active: ActiveRun, aw: Any) -> None:
+        """Keep a background task of this run (a tool thread's result, a write in flight)."""
+        task = asyncio.ensure_future(aw)
+        task.set_name(f"late:{active.run_id}")
         self._late.add(task)
         task.add_done_callback(self._late.discard)
+
+    def busy(self, run_id: str) -> bool:
+        """Whether a tool thread or a write of this run is still in flight."""
+        return any(t.get_name() == f"late:{run_id}" and not t.done() for t in self._late)
+
+    async def settle(self, timeout: float) -> None:
+        """Give background results and writes up to ``timeout`` s to reach the database."""
+        if self._late:
+            await asyncio.wait(set(self._late), timeout=timeout)
 
     async def _late_result(self, active: ActiveRun, call: Call, work: asyncio.Future[Any]) -> None:
         try:
@@ -570,6 +605,7 @@ class Executor:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             task.add_done_callback(lambda t: self._after_fenced_write(active, t))
+            self._track(active, task)
             raise
 
     def _after_fenced_write(self, active: ActiveRun, task: asyncio.Future[Any]) -> None:
@@ -577,9 +613,7 @@ class Executor:
             return
         exc = task.exception()
         if isinstance(exc, errors.LeaseLost):
-            report = asyncio.ensure_future(self._report_stale(active, exc))
-            self._late.add(report)
-            report.add_done_callback(self._late.discard)
+            self._track(active, self._report_stale(active, exc))
 
 
 class _PolicyFailed(Exception):

@@ -77,6 +77,7 @@ class Worker:
         self.wake = asyncio.Event()
         self._signals = 0
         self.store: Store | None = None
+        self.executor: Executor
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -120,11 +121,12 @@ class Worker:
                 "concurrency": self.concurrency,
             },
         )
-        executor = Executor(
+        executor = self.executor = Executor(
             store, self.flows, worker_id=self.worker_id, limits=self.limits, crash=self.crash
         )
         helpers = [
             asyncio.create_task(self._keeper(), name="lease-keeper"),
+            asyncio.create_task(self._watchdog(), name="watchdog"),
             asyncio.create_task(self._listener(), name="listener"),
         ]
         try:
@@ -154,11 +156,22 @@ class Worker:
             for a in leftovers:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await a.task  # type: ignore[misc]
+            # writes already sent and results of tool threads still running: let them land
+            # before handing runs back, so a late receipt is journaled, not lost
+            await self.executor.settle(timeout=max(1.0, min(self.grace_seconds, 10.0)))
+            for a in leftovers:
+                if self.executor.busy(a.run_id):
+                    log.warning(
+                        "a tool thread is still running: leaving the lease to expire",
+                        extra={"run_id": a.run_id, "worker_id": self.worker_id},
+                    )
+                    continue
                 with contextlib.suppress(Exception):
                     assert self.store is not None
                     await self.store.release_lease(
                         a.run_id, a.claim.lease_id, a.claim.fencing_token
                     )
+        await self.executor.settle(timeout=1.0)
 
     # -- claimer -----------------------------------------------------------------------
 
@@ -219,11 +232,16 @@ class Worker:
             sent = time.monotonic()
             try:
                 if held:
-                    renewed = await self.store.renew_leases(
-                        self.worker_id,
-                        [a.run_id for a in held],
-                        [a.claim.lease_id for a in held],
-                        self.lease,
+                    # a renewal stuck (a lock, a half-open connection) must not outlive
+                    # the leases it is for; the watchdog fences meanwhile
+                    renewed = await asyncio.wait_for(
+                        self.store.renew_leases(
+                            self.worker_id,
+                            [a.run_id for a in held],
+                            [a.claim.lease_id for a in held],
+                            self.lease,
+                        ),
+                        timeout=interval,
                     )
                     kept = {r.run_id for r in renewed}
                     for a in held:
@@ -231,9 +249,15 @@ class Worker:
                             a.deadline = sent + self.lease_seconds - self.margin
                         elif self.active.get(a.run_id) is a:  # not one that just finished
                             self._fence(a, "lease not renewed")
-                await self.store.heartbeat_worker(self.worker_id)
+                await asyncio.wait_for(self.store.heartbeat_worker(self.worker_id), interval)
             except Exception:
                 log.exception("lease renewal failed", extra={"worker_id": self.worker_id})
+
+    async def _watchdog(self) -> None:
+        """Fence every run whose local deadline passed, whatever the keeper is doing."""
+        tick = min(0.5, self.lease_seconds / 6)
+        while True:
+            await asyncio.sleep(tick)
             now = time.monotonic()
             for a in list(self.active.values()):
                 if now >= a.deadline:

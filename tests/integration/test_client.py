@@ -235,10 +235,20 @@ async def test_cancel_of_a_running_run_makes_the_worker_drop_it(
     assert (run["status"], run["lease_id"], run["fencing_token"]) == ("cancelled", None, 1)
     assert run["error"] == {"reason": "cancelled", "note": "user gave up"}
     [call] = await db.calls("can-1")
-    assert (call["status"], call["result"], call["completed_token"]) == ("dispatched", None, None)
+    # the call was in flight when the run was cancelled: unknown, for a person to reconcile
+    assert (call["status"], call["result"], call["completed_token"]) == ("unknown", None, None)
+    assert call["error"] == {"reason": "cancelled while in flight"}
+    client.resolve("can-1:0:c0", "applied", {"checked": True}, note="it did crunch")
+    [call] = await db.calls("can-1")
+    assert call["status"] == "succeeded"
+    assert (await db.run("can-1"))["status"] == "cancelled"  # resolved, not resumed
     assert rec.policy_turns == [0]
     kinds = await db.kinds("can-1")
-    assert kinds[kinds.index("run_cancelled") :] == ["run_cancelled", "stale_write_rejected"]
+    assert kinds[kinds.index("run_cancelled") :] == [
+        "run_cancelled",
+        "stale_write_rejected",
+        "call_resolved",
+    ]
     [cancelled] = await db.events("can-1", "run_cancelled")
     assert cancelled["actor"] == "ops:alice"
     assert cancelled["detail"]["previous_owner"] == w.worker_id

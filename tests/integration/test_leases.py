@@ -7,8 +7,6 @@ import asyncio
 import threading
 from typing import Any
 
-import pytest
-
 from service.flows import Flow, ToolCall
 from tests.integration.conftest import Db, Recorder, StartWorker, eventually
 
