@@ -19,7 +19,6 @@ import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
@@ -28,6 +27,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from service import errors
+from service.db.rows import Journal, Row, call_from_row, run_from_row
 from service.db.validate import check_json, check_text
 from service.model import (
     RUN_ID_RE,
@@ -37,7 +37,6 @@ from service.model import (
     Event,
     FencingToken,
     FinishStatus,
-    IdempotencyKey,
     LeaseId,
     Outcome,
     RenewedLease,
@@ -51,7 +50,6 @@ from service.model import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Row = dict[str, Any]
 
 RETRYABLE_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03", "55P03"}
 INPUT_SQLSTATES = {"22P05", "22021", "22P02", "22007", "22008", "22003", "54000"}
@@ -590,13 +588,6 @@ class Store:
         return now
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Journal:
-    stalled_claims: int
-    turns: list[tuple[int, list[dict[str, Any]]]]
-    calls: list[Call]
-
-
 def _word(what: str, value: str, enum: type[Any]) -> str:
     try:
         return str(enum(value).value)
@@ -605,48 +596,3 @@ def _word(what: str, value: str, enum: type[Any]) -> str:
         raise errors.InvalidInput(
             f"unknown {what} {value!r}", hint=f"expected one of: {allowed}"
         ) from None
-
-
-def run_from_row(r: Row) -> Run:
-    return Run(
-        run_id=RunId(r["run_id"]),
-        flow=r["flow"],
-        flow_version=r["flow_version"],
-        status=RunStatus(r["status"]),
-        input=r["input"],
-        state=r["state"],
-        state_version=r["state_version"],
-        fencing_token=r["fencing_token"],
-        lease_id=r["lease_id"],
-        lease_owner=r["lease_owner"],
-        lease_expires_at=r["lease_expires_at"],
-        claims=r["claims"],
-        stalled_claims=r["stalled_claims"],
-        priority=r["priority"],
-        available_at=r["available_at"],
-        pause_reason=r["pause_reason"],
-        result=r["result"],
-        error=r["error"],
-        created_at=r["created_at"],
-        updated_at=r["updated_at"],
-        finished_at=r["finished_at"],
-    )
-
-
-def call_from_row(r: Row) -> Call:
-    return Call(
-        run_id=RunId(r["run_id"]),
-        turn=r["turn"],
-        call_id=r["call_id"],
-        position=r["position"],
-        tool=r["tool"],
-        args=r["args"],
-        idempotency_key=IdempotencyKey(r["idempotency_key"]),
-        status=CallStatus(r["status"]),
-        attempts=r["attempts"],
-        result=r["result"],
-        receipt=r["receipt"],
-        error=r["error"],
-        dispatched_token=r["dispatched_token"],
-        completed_token=r["completed_token"],
-    )

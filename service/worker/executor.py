@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
-import math
-import random
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from service import errors
@@ -33,98 +29,31 @@ from service.flows import (
     InvalidDecision,
     NotApplied,
     PolicyContext,
-    Receipt,
     Tool,
     ToolContext,
     invoke,
 )
-from service.model import Call, CallStatus, ClaimedRun, FinishStatus, Outcome, Safety
+from service.model import Call, CallStatus, FinishStatus, Outcome, Safety
 from service.worker.crash import CrashPoints
+from service.worker.runs import (
+    ActiveRun,
+    Backoff,
+    Draining,
+    Limits,
+    LocalLeaseExpired,
+    MissingTool,
+    Paused,
+    PolicyFailed,
+    error_of,
+    jsonable,
+    unpack,
+)
+
+__all__ = ["ActiveRun", "Draining", "Executor", "Limits", "LocalLeaseExpired", "Paused"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class Draining(Exception):
-    """The worker is shutting down: stop at this step boundary and release the lease."""
-
-
-class LocalLeaseExpired(Exception):
-    """The lease may have expired by the local clock: start nothing more (self-fencing)."""
-
-
-class Paused(Exception):
-    """A call ended ``unknown``: the run pauses for a person."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Limits:
-    max_turns: int = 50
-    max_calls: int = 200
-    max_stalled_claims: int = 5
-    tool_timeout: float = 300.0
-    policy_timeout: float = 300.0
-    policy_attempts: int = 3
-    backoff: float = 0.2
-    max_backoff: float = 5.0
-
-
-@dataclass(slots=True, kw_only=True)
-class ActiveRun:
-    """A run this worker holds: its lease and the local deadline that fences it."""
-
-    claim: ClaimedRun
-    deadline: float
-    draining: bool = False
-    operation: str = "claim"
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @property
-    def run_id(self) -> str:
-        return self.claim.run_id
-
-
-def _jsonable(value: Any) -> Any:
-    """The tool's value as JSON; anything JSON cannot hold (objects, NaN, infinities,
-    non-string keys) is stringified, not lost."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return _jsonable(json.loads(json.dumps(value, default=str)))
-
-
-class _Backoff:
-    """Jittered exponential backoff between attempts of one step."""
-
-    def __init__(self, limits: Limits) -> None:
-        self.delay = limits.backoff
-        self.cap = limits.max_backoff
-
-    async def sleep(self) -> None:
-        await asyncio.sleep(self.delay * (0.5 + random.random()))
-        self.delay = min(self.delay * 2, self.cap)
-
-
-def _unpack(value: Any) -> tuple[Any, dict[str, Any] | None]:
-    """A tool's return value -> (result, receipt)."""
-    if isinstance(value, Receipt):
-        receipt = _jsonable(value.receipt) if value.receipt is not None else None
-        return _jsonable(value.result), receipt
-    return _jsonable(value), None
-
-
-def _error(exc: BaseException) -> dict[str, Any]:
-    return {"type": type(exc).__name__, "message": str(exc)[:2000]}
 
 
 class Executor:
@@ -250,7 +179,7 @@ class Executor:
                         reason = f"call {p.key} is unknown: reconcile it"
                         await self._finish(active, FinishStatus.PAUSED, None, reason)
                         return
-                    except _MissingTool as exc:
+                    except MissingTool as exc:
                         missing = {"tool": str(exc)}
                         await self._finish(active, FinishStatus.FAILED, missing, "tool_missing")
                         return
@@ -275,10 +204,10 @@ class Executor:
             try:
                 payload = await self._decide(active, flow, next_turn, turns, calls)
             except InvalidDecision as exc:
-                await self._finish(active, FinishStatus.FAILED, _error(exc), "invalid_decision")
+                await self._finish(active, FinishStatus.FAILED, error_of(exc), "invalid_decision")
                 return
-            except _PolicyFailed as exc:
-                error = _error(exc.__cause__ or exc)
+            except PolicyFailed as exc:
+                error = error_of(exc.__cause__ or exc)
                 await self._finish(active, FinishStatus.FAILED, error, "policy_error")
                 return
             # max_turns counts turns with calls: the policy may always end the run
@@ -300,7 +229,7 @@ class Executor:
                     ),
                 )
             except errors.InvalidInput as exc:  # e.g. args the database cannot store
-                await self._finish(active, FinishStatus.FAILED, _error(exc), "invalid_decision")
+                await self._finish(active, FinishStatus.FAILED, error_of(exc), "invalid_decision")
                 return
             journal = await self.store.load_journal(c.run_id)
 
@@ -351,7 +280,7 @@ class Executor:
         ctx = PolicyContext(
             run_id=active.run_id, flow=flow.ref, input=active.claim.input, turn=turn
         )
-        backoff = _Backoff(self.limits)
+        backoff = Backoff(self.limits)
         for attempt in range(1, self.limits.policy_attempts + 1):
             try:
                 decided = await invoke(
@@ -362,7 +291,7 @@ class Executor:
                 raise
             except Exception as exc:
                 if attempt == self.limits.policy_attempts:
-                    raise _PolicyFailed(str(exc)) from exc
+                    raise PolicyFailed(str(exc)) from exc
                 log.warning(
                     "policy failed, retrying",
                     extra={"run_id": active.run_id, "attempt": attempt, "error": repr(exc)},
@@ -383,7 +312,7 @@ class Executor:
             # call that may have been sent stays reconcilable.
             if call.status is CallStatus.DISPATCHED:
                 await self._pause(active, call, {"reason": f"tool {call.tool} is not in this flow"})
-            raise _MissingTool(call.tool)
+            raise MissingTool(call.tool)
         if call.status is CallStatus.DISPATCHED:
             await self._recover(active, tool, call)
         else:
@@ -415,7 +344,7 @@ class Executor:
         """Ask the provider whether the key took effect; complete the call if it did."""
         assert tool.lookup_fn is not None
         ctx = self._tool_ctx(active, call, attempt)
-        backoff = _Backoff(self.limits)
+        backoff = Backoff(self.limits)
         for n in range(1, tool.max_attempts + 1):
             try:
                 found = await invoke(
@@ -424,11 +353,11 @@ class Executor:
                 break
             except Exception as exc:
                 if n == tool.max_attempts:
-                    await self._pause(active, call, {"reason": "lookup failed", **_error(exc)})
+                    await self._pause(active, call, {"reason": "lookup failed", **error_of(exc)})
                 await backoff.sleep()
         if found is None:
             return False
-        receipt = _jsonable(found)
+        receipt = jsonable(found)
         if not isinstance(receipt, dict):
             receipt = {"value": receipt}
         await self._complete(active, call, Outcome.SUCCEEDED, receipt, receipt)
@@ -451,7 +380,7 @@ class Executor:
     async def _attempts(self, active: ActiveRun, tool: Tool[Any], call: Call) -> None:
         """Dispatch and invoke, repeating with the same key where the safety class allows."""
         c = active.claim
-        backoff = _Backoff(self.limits)
+        backoff = Backoff(self.limits)
         tries = 0
         while True:
             tries += 1
@@ -503,22 +432,22 @@ class Executor:
                 )
                 if tool.safety is Safety.UNSAFE:
                     why = {"reason": "ambiguous failure of an unsafe tool"}
-                    await self._pause(active, call, {**why, **_error(exc)})
+                    await self._pause(active, call, {**why, **error_of(exc)})
                 if tool.safety is Safety.LOOKUP and await self._looked_up(
                     active, tool, call, attempt
                 ):
                     return
                 if tries >= tool.max_attempts:
                     if tool.safety is Safety.IDEMPOTENT:
-                        exhausted = {"reason": "retries exhausted", **_error(exc)}
+                        exhausted = {"reason": "retries exhausted", **error_of(exc)}
                         await self._pause(active, call, exhausted)
                     # read_only, or lookup said it did not happen: certainly no effect
-                    await self._complete(active, call, Outcome.FAILED, _error(exc), None)
+                    await self._complete(active, call, Outcome.FAILED, error_of(exc), None)
                     return
                 await backoff.sleep()
                 continue
             self.crash.hit("after_effect", tool.name)
-            result, receipt = _unpack(value)
+            result, receipt = unpack(value)
             await self._complete(active, call, Outcome.SUCCEEDED, result, receipt)
             self.crash.hit("after_complete", tool.name)
             return
@@ -559,7 +488,7 @@ class Executor:
             value = await work
         except BaseException:
             return  # ambiguous or cancelled: the next holder recovers the call
-        result, receipt = _unpack(value)
+        result, receipt = unpack(value)
         try:
             await self._complete(active, call, Outcome.SUCCEEDED, result, receipt)
         except errors.LeaseLost as exc:
@@ -614,11 +543,3 @@ class Executor:
         exc = task.exception()
         if isinstance(exc, errors.LeaseLost):
             self._track(active, self._report_stale(active, exc))
-
-
-class _PolicyFailed(Exception):
-    pass
-
-
-class _MissingTool(Exception):
-    pass

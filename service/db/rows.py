@@ -1,0 +1,62 @@
+"""Rows of the run tables -> the frozen dataclasses of :mod:`service.model`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from service.model import Call, CallStatus, IdempotencyKey, Run, RunId, RunStatus
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Journal:
+    stalled_claims: int
+    turns: list[tuple[int, list[dict[str, Any]]]]
+    calls: list[Call]
+
+
+def run_from_row(r: Row) -> Run:
+    return Run(
+        run_id=RunId(r["run_id"]),
+        flow=r["flow"],
+        flow_version=r["flow_version"],
+        status=RunStatus(r["status"]),
+        input=r["input"],
+        state=r["state"],
+        state_version=r["state_version"],
+        fencing_token=r["fencing_token"],
+        lease_id=r["lease_id"],
+        lease_owner=r["lease_owner"],
+        lease_expires_at=r["lease_expires_at"],
+        claims=r["claims"],
+        stalled_claims=r["stalled_claims"],
+        priority=r["priority"],
+        available_at=r["available_at"],
+        pause_reason=r["pause_reason"],
+        result=r["result"],
+        error=r["error"],
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+        finished_at=r["finished_at"],
+    )
+
+
+def call_from_row(r: Row) -> Call:
+    return Call(
+        run_id=RunId(r["run_id"]),
+        turn=r["turn"],
+        call_id=r["call_id"],
+        position=r["position"],
+        tool=r["tool"],
+        args=r["args"],
+        idempotency_key=IdempotencyKey(r["idempotency_key"]),
+        status=CallStatus(r["status"]),
+        attempts=r["attempts"],
+        result=r["result"],
+        receipt=r["receipt"],
+        error=r["error"],
+        dispatched_token=r["dispatched_token"],
+        completed_token=r["completed_token"],
+    )

@@ -1,0 +1,102 @@
+"""What the executor keeps about a run it holds, and the small values of its loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.flows import Receipt
+from service.model import ClaimedRun
+
+
+class Draining(Exception):
+    """The worker is shutting down: stop at this step boundary and release the lease."""
+
+
+class LocalLeaseExpired(Exception):
+    """The lease may have expired by the local clock: start nothing more (self-fencing)."""
+
+
+class Paused(Exception):
+    """A call ended ``unknown``: the run pauses for a person."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    max_turns: int = 50
+    max_calls: int = 200
+    max_stalled_claims: int = 5
+    tool_timeout: float = 300.0
+    policy_timeout: float = 300.0
+    policy_attempts: int = 3
+    backoff: float = 0.2
+    max_backoff: float = 5.0
+
+
+@dataclass(slots=True, kw_only=True)
+class ActiveRun:
+    """A run this worker holds: its lease and the local deadline that fences it."""
+
+    claim: ClaimedRun
+    deadline: float
+    draining: bool = False
+    operation: str = "claim"
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def run_id(self) -> str:
+        return self.claim.run_id
+
+
+def jsonable(value: Any) -> Any:
+    """The tool's value as JSON; anything JSON cannot hold (objects, NaN, infinities,
+    non-string keys) is stringified, not lost."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return jsonable(json.loads(json.dumps(value, default=str)))
+
+
+class Backoff:
+    """Jittered exponential backoff between attempts of one step."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.delay = limits.backoff
+        self.cap = limits.max_backoff
+
+    async def sleep(self) -> None:
+        await asyncio.sleep(self.delay * (0.5 + random.random()))
+        self.delay = min(self.delay * 2, self.cap)
+
+
+def unpack(value: Any) -> tuple[Any, dict[str, Any] | None]:
+    """A tool's return value -> (result, receipt)."""
+    if isinstance(value, Receipt):
+        receipt = jsonable(value.receipt) if value.receipt is not None else None
+        return jsonable(value.result), receipt
+    return jsonable(value), None
+
+
+def error_of(exc: BaseException) -> dict[str, Any]:
+    return {"type": type(exc).__name__, "message": str(exc)[:2000]}
+
+
+class PolicyFailed(Exception):
+    pass
+
+
+class MissingTool(Exception):
+    pass
