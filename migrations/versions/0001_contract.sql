@@ -70,6 +70,7 @@ CREATE TABLE runledger.runs (
 CREATE INDEX ix_runs_claimable ON runledger.runs (flow, flow_version, priority DESC, created_at)
     WHERE status IN ('queued', 'running');
 CREATE INDEX ix_runs_status ON runledger.runs (status);
+CREATE INDEX ix_runs_lease_expiry ON runledger.runs (lease_expires_at) WHERE status = 'running';
 
 CREATE TABLE runledger.run_turns (
     run_id text NOT NULL,
@@ -393,16 +394,36 @@ BEGIN
     END IF;
     v_flows := runledger._parse_flows(p_flows);
 
+    -- Two index-ordered scans pick a few more ids than wanted (queued runs per pinned
+    -- flow through ix_runs_claimable; expired leases through ix_runs_lease_expiry), so
+    -- the cost does not grow with the backlog. The locking SELECT then re-states the
+    -- whole condition and skips rows other claimers hold.
     RETURN QUERY
     WITH pinned AS (
         SELECT u.name, u.version FROM unnest(v_flows.names, v_flows.versions) AS u(name, version)
+    ), queued AS (
+        SELECT q.run_id FROM pinned p CROSS JOIN LATERAL (
+            SELECT c.run_id FROM runledger.runs c
+            WHERE c.flow = p.name AND c.flow_version = p.version
+              AND c.status = 'queued' AND c.available_at <= v_now
+            ORDER BY c.priority DESC, c.created_at
+            LIMIT p_max_runs * 4 + 32
+        ) q
+    ), expired AS (
+        SELECT c.run_id FROM runledger.runs c
+        JOIN pinned p ON p.name = c.flow AND p.version = c.flow_version
+        WHERE c.status = 'running' AND c.lease_expires_at <= v_now
+        ORDER BY c.lease_expires_at
+        LIMIT p_max_runs * 4 + 32
     ), candidates AS (
         SELECT c.run_id, c.status AS old_status, c.lease_owner AS old_owner,
                c.fencing_token AS old_token
         FROM runledger.runs c
-        JOIN pinned p ON p.name = c.flow AND p.version = c.flow_version
-        WHERE (c.status = 'queued' AND c.available_at <= v_now)
-           OR (c.status = 'running' AND c.lease_expires_at <= v_now)
+        -- an array, so the rows are fetched by primary key, not by a scan of the table
+        WHERE c.run_id = ANY (ARRAY(SELECT x.run_id FROM queued x
+                                    UNION ALL SELECT y.run_id FROM expired y))
+          AND ((c.status = 'queued' AND c.available_at <= v_now)
+               OR (c.status = 'running' AND c.lease_expires_at <= v_now))
         ORDER BY c.priority DESC, c.created_at, c.run_id
         LIMIT p_max_runs
         FOR NO KEY UPDATE OF c SKIP LOCKED

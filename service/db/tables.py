@@ -112,6 +112,11 @@ Index(
     postgresql_where=runs.c.status.in_(["queued", "running"]),
 )
 Index("ix_runs_status", runs.c.status)
+Index(
+    "ix_runs_lease_expiry",
+    runs.c.lease_expires_at,
+    postgresql_where=runs.c.status == "running",
+)
 
 run_turns: Final = Table(
     "run_turns",

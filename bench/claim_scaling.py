@@ -1,0 +1,91 @@
+"""Cost of one claim_runs call as the backlog grows, against a baseline in the same run.
+
+The baseline is the claim query as it was before the index-ordered rewrite (one scan
+of every claimable row, then a sort), installed beside the current one as
+``runledger.claim_runs_baseline``. Both claim from the same backlog, alternating.
+
+    .venv/bin/python bench/claim_scaling.py [--backlogs 100,1000,10000] [--claims 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from _common import database
+
+BASELINE = """
+CREATE OR REPLACE FUNCTION runledger.claim_runs_baseline(p_worker_id text, p_flows text[],
+                                                         p_lease interval, p_max_runs int)
+RETURNS SETOF text LANGUAGE sql AS $$
+    WITH t AS MATERIALIZED (SELECT runledger.now() AS now), pinned AS (
+        SELECT split_part(f, '@', 1) AS name, split_part(f, '@', 2) AS version
+        FROM unnest(p_flows) f
+    ), candidates AS (
+        SELECT c.run_id FROM runledger.runs c
+        JOIN pinned p ON p.name = c.flow AND p.version = c.flow_version, t
+        WHERE (c.status = 'queued' AND c.available_at <= t.now)
+           OR (c.status = 'running' AND c.lease_expires_at <= t.now)
+        ORDER BY c.priority DESC, c.created_at, c.run_id
+        LIMIT p_max_runs
+        FOR NO KEY UPDATE OF c SKIP LOCKED
+    )
+    UPDATE runledger.runs r
+    SET status = 'running', fencing_token = r.fencing_token + 1,
+        lease_id = gen_random_uuid(), lease_owner = p_worker_id,
+        lease_expires_at = runledger.now() + p_lease, claims = r.claims + 1
+    FROM candidates c WHERE r.run_id = c.run_id
+    RETURNING r.run_id
+$$;
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backlogs", default="100,1000,10000")
+    parser.add_argument("--claims", type=int, default=200)
+    args = parser.parse_args()
+    with database() as db:
+        print(f"PostgreSQL {db.version}, {db.source}")
+        print("| queued runs | claim_runs ms (median) | baseline ms (median) | speed-up |")
+        print("|---:|---:|---:|---:|")
+        for backlog in (int(x) for x in args.backlogs.split(",")):
+            _measure(db.fresh(f"claims{backlog}"), backlog, args.claims)
+
+
+def _measure(url: str, backlog: int, claims: int) -> None:
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(BASELINE)
+        with c.transaction():
+            for n in range(backlog):
+                flow = "a" if n % 2 else "b"
+                c.execute(
+                    "SELECT runledger.submit_run(%s, %s, '1', %s, %s)",
+                    (f"q{n}", flow, Jsonb({"n": n}), n % 3),
+                )
+        c.execute("ANALYZE runledger.runs")
+        timings: dict[str, list[float]] = {"claim_runs": [], "baseline": []}
+        for i in range(claims):
+            for name, sql in (
+                ("claim_runs", "SELECT * FROM runledger.claim_runs('w', %s, '1 min', 1)"),
+                (
+                    "baseline",
+                    "SELECT * FROM runledger.claim_runs_baseline('w', %s, '1 min', 1)",
+                ),
+            ):
+                t0 = time.perf_counter()
+                c.execute(sql, (["a@1", "b@1"],)).fetchall()
+                timings[name].append((time.perf_counter() - t0) * 1000)
+            del i
+        new = statistics.median(timings["claim_runs"])
+        old = statistics.median(timings["baseline"])
+        print(f"| {backlog} | {new:.2f} | {old:.2f} | {old / new:.1f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
