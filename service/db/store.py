@@ -104,13 +104,23 @@ class Store:
 
     @classmethod
     async def connect(
-        cls, url: str, *, min_size: int = 1, max_size: int = 4, **kwargs: Any
+        cls,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        application_name: str = "runledger",
+        **kwargs: Any,
     ) -> Store:
         pool = AsyncConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "application_name": application_name[:63],
+            },
             open=False,
             name="runledger",
         )

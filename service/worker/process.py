@@ -108,6 +108,7 @@ class Worker:
             self.database_url,
             min_size=1,
             max_size=self.concurrency + 3,
+            application_name=f"runledger-worker:{self.worker_id}",
         )
         store = self.store
         await store.register_worker(
