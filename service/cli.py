@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from service import errors
-from service.config import load_settings
+from service.config import default, load_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -93,38 +93,60 @@ def _opt(*decls: str, **kwargs: Any) -> Callable[[F], F]:
     envvar="RUNLEDGER_FLOWS",
     help="package.module:attribute holding a Flow or a list of Flows (repeatable).",
 )
-@_opt("--concurrency", type=click.IntRange(1, 1000), default=4, help="Run slots.")
-@_opt("--lease-seconds", type=click.FloatRange(1, 86400), default=30.0, help="Lease length.")
+@_opt(
+    "--concurrency", type=click.IntRange(1, 1000), default=default("concurrency"), help="Run slots."
+)
+@_opt(
+    "--lease-seconds",
+    type=click.FloatRange(1, 86400),
+    default=default("lease_seconds"),
+    help="Lease length.",
+)
 @_opt("--worker-id", default=None, help="Stable id for this worker (default host:pid:random).")
 @_opt(
     "--poll-seconds",
     type=click.FloatRange(0.05, 3600),
-    default=2.0,
+    default=default("poll_seconds"),
     help="Claim poll interval when no notification arrives.",
 )
 @_opt(
     "--grace-seconds",
     type=click.FloatRange(0, 3600),
-    default=30.0,
+    default=default("grace_seconds"),
     help="On SIGTERM, time for in-flight calls to finish.",
 )
-@_opt("--max-turns", type=click.IntRange(1), default=50, help="Per-run budget of turns.")
-@_opt("--max-calls", type=click.IntRange(1), default=200, help="Per-run budget of tool calls.")
+@_opt(
+    "--max-turns",
+    type=click.IntRange(1),
+    default=default("max_turns"),
+    help="Per-run budget of turns.",
+)
+@_opt(
+    "--max-calls",
+    type=click.IntRange(1),
+    default=default("max_calls"),
+    help="Per-run budget of tool calls.",
+)
 @_opt(
     "--max-stalled-claims",
     type=click.IntRange(1),
-    default=5,
+    default=default("max_stalled_claims"),
     help="Claims without progress before a run fails as crash_loop.",
 )
 @_opt(
     "--tool-timeout",
     type=click.FloatRange(0.01),
-    default=300.0,
+    default=default("tool_timeout"),
     help="Default tool timeout in seconds (a timeout is ambiguous).",
 )
-@_opt("--policy-timeout", type=click.FloatRange(0.01), default=300.0, help="Policy timeout.")
+@_opt(
+    "--policy-timeout",
+    type=click.FloatRange(0.01),
+    default=default("policy_timeout"),
+    help="Policy timeout.",
+)
 @_opt("--log-json", is_flag=True, help="JSON log lines on stderr.")
-@_opt("--log-level", default="INFO", help="Log level.")
+@_opt("--log-level", default=default("log_level"), help="Log level.")
 def worker(
     database_url: str | None,
     flow_specs: tuple[str, ...],
@@ -206,7 +228,7 @@ def submit(
             click.echo(
                 f"warning: no worker has registered {ref} yet; the run waits for one", err=True
             )
-        res = client.submit(flow, payload, run_id=run_id, priority=priority)
+        res = client.submit(ref, payload, run_id=run_id, priority=priority)
     if as_json:
         emit({"run_id": res.run_id, "created": res.created}, as_json=True)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,9 +23,8 @@ class Settings(BaseSettings):
     max_turns: int = Field(default=50, ge=1)
     max_calls: int = Field(default=200, ge=1)
     max_stalled_claims: int = Field(default=5, ge=1)
-    tool_timeout_seconds: float = Field(default=300.0, gt=0)
-    policy_timeout_seconds: float = Field(default=300.0, gt=0)
-    max_payload_bytes: int = Field(default=1024 * 1024, ge=1024)
+    tool_timeout: float = Field(default=300.0, gt=0)
+    policy_timeout: float = Field(default=300.0, gt=0)
     log_json: bool = False
     log_level: str = "INFO"
 
@@ -44,6 +44,11 @@ def normalize_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql://" + url[len(prefix) :]
     return url
+
+
+def default(name: str) -> Any:
+    """The default of a setting: the one place the worker, its CLI and Limits take it from."""
+    return Settings.model_fields[name].default
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -23,7 +23,6 @@ RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 FLOW_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FLOW_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 CALL_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 
 
 class RunStatus(StrEnum):
@@ -109,13 +108,6 @@ class SubmitResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Lease:
-    run_id: RunId
-    lease_id: LeaseId
-    fencing_token: FencingToken
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimedRun:
     run_id: RunId
     flow: str
@@ -127,10 +119,6 @@ class ClaimedRun:
     lease_id: LeaseId
     lease_expires_at: dt.datetime
     takeover: bool
-
-    @property
-    def lease(self) -> Lease:
-        return Lease(run_id=self.run_id, lease_id=self.lease_id, fencing_token=self.fencing_token)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,13 +168,6 @@ class Call:
     error: Any
     dispatched_token: int | None
     completed_token: int | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Turn:
-    run_id: RunId
-    turn: int
-    calls: tuple[Call, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -592,11 +592,6 @@ class Store:
         )
         return {r["flow"] for r in rows}
 
-    async def db_now(self) -> dt.datetime:
-        rows = await self._call("SELECT runledger.now() AS now", (), repeatable=True)
-        now: dt.datetime = rows[0]["now"]
-        return now
-
 
 def _word(what: str, value: str, enum: type[Any]) -> str:
     try:

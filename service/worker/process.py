@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import psycopg
 
+from service.config import default
 from service.db.store import Store
 from service.flows import Flow
 from service.worker.crash import CrashPoints
@@ -48,10 +49,10 @@ class Worker:
         database_url: str,
         flows: Sequence[Flow],
         worker_id: str | None = None,
-        concurrency: int = 4,
-        lease_seconds: float = 30.0,
-        poll_seconds: float = 2.0,
-        grace_seconds: float = 30.0,
+        concurrency: int = default("concurrency"),
+        lease_seconds: float = default("lease_seconds"),
+        poll_seconds: float = default("poll_seconds"),
+        grace_seconds: float = default("grace_seconds"),
         limits: Limits | None = None,
         crash: CrashPoints | None = None,
     ) -> None:

@@ -9,6 +9,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.config import default
 from service.flows import Receipt
 from service.model import ClaimedRun
 
@@ -31,11 +32,11 @@ class Paused(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    max_turns: int = 50
-    max_calls: int = 200
-    max_stalled_claims: int = 5
-    tool_timeout: float = 300.0
-    policy_timeout: float = 300.0
+    max_turns: int = default("max_turns")
+    max_calls: int = default("max_calls")
+    max_stalled_claims: int = default("max_stalled_claims")
+    tool_timeout: float = default("tool_timeout")
+    policy_timeout: float = default("policy_timeout")
     policy_attempts: int = 3
     backoff: float = 0.2
     max_backoff: float = 5.0

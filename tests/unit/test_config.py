@@ -64,7 +64,7 @@ def test_defaults() -> None:
     assert settings.database_url is None
     assert settings.concurrency == 4
     assert settings.lease_seconds == 30.0
-    assert settings.max_payload_bytes == 1024 * 1024
+    assert settings.max_turns == 50
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_defaults() -> None:
         ("RUNLEDGER_CONCURRENCY", "0"),
         ("RUNLEDGER_CONCURRENCY", "many"),
         ("RUNLEDGER_LEASE_SECONDS", "0.1"),
-        ("RUNLEDGER_MAX_PAYLOAD_BYTES", "10"),
+        ("RUNLEDGER_MAX_TURNS", "0"),
     ],
 )
 def test_invalid_values_are_refused(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
@@ -106,3 +106,18 @@ def test_normalize_url(url: str, expected: str) -> None:
 def test_normalize_url_is_idempotent() -> None:
     once = normalize_url("postgresql+psycopg://u@h/db")
     assert normalize_url(once) == once
+
+
+def test_the_worker_its_cli_and_limits_share_one_set_of_defaults() -> None:
+    import inspect
+
+    from service.cli import worker
+    from service.worker import Limits, Worker
+
+    cli = {p.name: p.default for p in worker.params}
+    sig = inspect.signature(Worker.__init__).parameters
+    limits = Limits()
+    for name in ("concurrency", "lease_seconds", "poll_seconds", "grace_seconds"):
+        assert cli[name] == sig[name].default == Settings.model_fields[name].default, name
+    for name in ("max_turns", "max_calls", "max_stalled_claims", "tool_timeout", "policy_timeout"):
+        assert cli[name] == getattr(limits, name) == Settings.model_fields[name].default, name
