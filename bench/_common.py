@@ -2,7 +2,7 @@
 
 Run by hand, never from pytest. The database is ``RUNLEDGER_DATABASE_URL`` when set
 (migrated in place; the benchmark's runs stay there, under a unique run-id prefix),
-otherwise a throwaway cluster from :func:`service.testing.postgres.acquire_server`.
+otherwise a throwaway cluster from :func:`runledger.testing.postgres.acquire_server`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import Any
 
 import psycopg
 
-from service.config import normalize_url
-from service.db.migrate import upgrade
-from service.testing.postgres import Databases, acquire_server
-from service.testing.processes import ProviderProcess, WorkerPool, wait_for
+from runledger.config import normalize_url
+from runledger.db.migrate import upgrade
+from runledger.testing.postgres import Databases, acquire_server
+from runledger.testing.processes import ProviderProcess, WorkerPool, wait_for
 
-FLOWS = ["service.demo.flows:flows"]
+FLOWS = ["runledger.demo.flows:flows"]
 # What a worker loaded with FLOWS registers (sorted), so a baseline claims the same way.
 FLOW_REFS = ["scripted@1", "ticket-triage@1"]
 

@@ -43,7 +43,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from service.testing.processes import wait_for
+from runledger.testing.processes import wait_for
 
 from _common import (
     BenchPool,

@@ -3,7 +3,7 @@
     .venv/bin/python bench/throughput.py                  # 1000 runs per scenario
     .venv/bin/python bench/throughput.py --runs 300 --workers 1
 
-Scenarios (flow ``scripted@1`` from ``service.demo.flows``):
+Scenarios (flow ``scripted@1`` from ``runledger.demo.flows``):
 
 - ``no-op``: ``{"plan": []}``: the policy decides "nothing to do" and the run finishes.
 - ``one-call``: ``{"plan": [[{"tool": "read"}]]}``: one read-only tool call (an HTTP GET
@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from service.testing.processes import wait_for
+from runledger.testing.processes import wait_for
 
 from _common import (
     FLOW_REFS,

@@ -1,1 +1,1 @@
-pytest_plugins = ["service.testing"]
+pytest_plugins = ["runledger.testing"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from service.testing import DbClock
+from runledger.testing import DbClock
 
 from .helpers import (
     LEASE_SECONDS,

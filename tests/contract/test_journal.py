@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from service import errors
+from runledger import errors
 
 from .helpers import (
     call,

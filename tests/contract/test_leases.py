@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from service import errors
-from service.testing import DbClock
+from runledger import errors
+from runledger.testing import DbClock
 
 from .helpers import (
     LEASE_SECONDS,

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from service import errors
+from runledger import errors
 
 from .helpers import (
     call_row,

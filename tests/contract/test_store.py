@@ -9,10 +9,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from service import errors
-from service.db.store import map_error
-from service.model import CallStatus, RunStatus
-from service.testing import DbClock
+from runledger import errors
+from runledger.db.store import map_error
+from runledger.model import CallStatus, RunStatus
+from runledger.testing import DbClock
 
 from .helpers import events, rows, run_row, unchanged
 

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from service.testing import DbClock
+from runledger.testing import DbClock
 
 from .helpers import (
     call_row,

@@ -22,10 +22,10 @@ import pytest_asyncio
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from service.flows import Flow
-from service.worker.crash import CrashPoints
-from service.worker.executor import Limits
-from service.worker.process import Worker
+from runledger.flows import Flow
+from runledger.worker.crash import CrashPoints
+from runledger.worker.executor import Limits
+from runledger.worker.process import Worker
 
 # Fast retries so that backoff never dominates a test; everything else as shipped.
 FAST = Limits(backoff=0.01, max_backoff=0.05)

@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from service.audit import CHECKS, run_checks
-from service.cli import main
-from service.db.store import Store
+from runledger.audit import CHECKS, run_checks
+from runledger.cli import main
+from runledger.db.store import Store
 
 
 async def _one_finished_run(store: Store) -> None:

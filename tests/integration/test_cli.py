@@ -1,7 +1,7 @@
 """The ``runledger`` command against a real database, runs driven by an in-process Worker.
 
-``CliRunner`` invokes ``service.cli.main`` (click's standalone mode: usage errors exit
-2, other exceptions land in ``result.exception``); ``service.cli.run`` -- the console
+``CliRunner`` invokes ``runledger.cli.main`` (click's standalone mode: usage errors exit
+2, other exceptions land in ``result.exception``); ``runledger.cli.run`` -- the console
 entry point, which turns a RunLedgerError into exit 1 and one line on stderr -- is
 called directly with ``sys.argv`` set.
 """
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from service import cli
-from service.errors import InvalidInput
-from service.flows import Flow, ToolCall
+from runledger import cli
+from runledger.errors import InvalidInput
+from runledger.flows import Flow, ToolCall
 from tests.integration.conftest import Db, Recorder, StartWorker
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from service import Client, Flow, InvalidTransition, RunConflict, RunNotFound, ToolCall
-from service.errors import InvalidInput
+from runledger import Client, Flow, InvalidTransition, RunConflict, RunNotFound, ToolCall
+from runledger.errors import InvalidInput
 from tests.integration.conftest import Db, Recorder, StartWorker, eventually
 
 SETTLED = ("succeeded", "failed", "paused", "cancelled")

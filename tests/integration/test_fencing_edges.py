@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 
-from service.flows import Flow, ToolCall
-from service.worker.executor import Limits
+from runledger.flows import Flow, ToolCall
+from runledger.worker.executor import Limits
 from tests.integration.conftest import FAST, Db, StartWorker, eventually
 
 

@@ -7,7 +7,7 @@ import asyncio
 import threading
 from typing import Any
 
-from service.flows import Flow, ToolCall
+from runledger.flows import Flow, ToolCall
 from tests.integration.conftest import Db, Recorder, StartWorker, eventually
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from service.flows import Flow, InvalidDecision, Receipt, ToolCall
-from service.worker.executor import Limits
+from runledger.flows import Flow, InvalidDecision, Receipt, ToolCall
+from runledger.worker.executor import Limits
 from tests.integration.conftest import FAST, Db, Recorder, StartWorker, eventually
 
 # -- happy path -----------------------------------------------------------------------

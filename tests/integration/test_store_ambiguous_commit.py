@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from service.db.store import Store
+from runledger.db.store import Store
 
 
 class FlakyStore(Store):

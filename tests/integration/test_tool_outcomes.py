@@ -8,7 +8,7 @@ import asyncio
 import time
 from typing import Any
 
-from service.flows import Flow, NotApplied, Receipt, ToolCall
+from runledger.flows import Flow, NotApplied, Receipt, ToolCall
 from tests.integration.conftest import Db, Recorder, StartWorker, eventually
 
 SETTLED = ("succeeded", "failed", "paused")

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from service.testing.postgres import Databases
+from runledger.testing.postgres import Databases
 
 
 @pytest.fixture

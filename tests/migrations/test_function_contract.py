@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from service.testing.postgres import Databases
+from runledger.testing.postgres import Databases
 
 Conn = psycopg.Connection[dict[str, Any]]
 

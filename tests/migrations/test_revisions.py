@@ -16,8 +16,8 @@ import pytest
 from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 
-from service.cli import main
-from service.db import migrate
+from runledger.cli import main
+from runledger.db import migrate
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
 HEAD = "0001"
@@ -48,7 +48,7 @@ def test_revisions_are_linear_and_load_their_sql_siblings() -> None:
         assert module.with_suffix(".down.sql").is_file(), f"{module.name} has no .down.sql"
 
 
-def test_revisions_import_nothing_of_service() -> None:
+def test_revisions_import_nothing_of_runledger() -> None:
     """STYLE.md: a merged revision is frozen; it must not depend on moving package code."""
     for path in [MIGRATIONS / "env.py", *sorted((MIGRATIONS / "versions").glob("*.py"))]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -59,7 +59,9 @@ def test_revisions_import_nothing_of_service() -> None:
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             for name in names:
-                assert name.split(".")[0] != "service", f"{path.name} imports {name}"
+                assert name.split(".")[0] not in ("runledger", "service"), (
+                    f"{path.name} imports {name}"
+                )
 
 
 # -- upgrade / downgrade round trip --------------------------------------------------------
@@ -172,7 +174,7 @@ def test_migrate_sql_in_a_clean_process(tmp_path: Path) -> None:
     }
     env["PGHOST"] = "/nonexistent-runledger-test"
     done = subprocess.run(
-        [sys.executable, "-m", "service", "migrate", "--sql"],
+        [sys.executable, "-m", "runledger", "migrate", "--sql"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -217,7 +219,7 @@ def test_four_processes_migrate_one_empty_database_at_once(empty_database_url: s
         gate.execute("SELECT pg_advisory_lock(%s)", (key,))
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "service", "migrate"],
+                [sys.executable, "-m", "runledger", "migrate"],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -261,23 +263,23 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
         capture_output=True,
         timeout=300,
     )
-    (wheel,) = wheel_dir.glob("runledger-*.whl")
+    (wheel,) = wheel_dir.glob("runledger_pg-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-        assert "service/_migrations/env.py" in names
-        assert "service/_migrations/versions/0001_contract.sql" in names
-        assert "service/_migrations/versions/0001_contract.down.sql" in names
-        assert "service/_migrations/versions/0001_contract.py" in names
-        assert "service/_migrations/script.py.mako" in names
-        assert "service/db/tables.py" in names
+        assert "runledger/_migrations/env.py" in names
+        assert "runledger/_migrations/versions/0001_contract.sql" in names
+        assert "runledger/_migrations/versions/0001_contract.down.sql" in names
+        assert "runledger/_migrations/versions/0001_contract.py" in names
+        assert "runledger/_migrations/script.py.mako" in names
+        assert "runledger/db/tables.py" in names
         unpacked = tmp_path / "site"
         zf.extractall(unpacked)
 
     # From the unpacked wheel (not this checkout), the code finds its migrations and can
     # render the SQL offline.
     probe = (
-        "import service, service.db.migrate as m;"
-        "print(service.__file__); print(m.migrations_dir()); print(m.head());"
+        "import runledger, runledger.db.migrate as m;"
+        "print(runledger.__file__); print(m.migrations_dir()); print(m.head());"
         "print('CREATE FUNCTION runledger.claim_runs' in m.offline_sql())"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLEDGER_")}
@@ -292,5 +294,5 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
         timeout=120,
     ).stdout.splitlines()
     assert out[0].startswith(str(unpacked)), out
-    assert out[1] == str(unpacked / "service" / "_migrations"), out
+    assert out[1] == str(unpacked / "runledger" / "_migrations"), out
     assert out[2:] == [HEAD, "True"], out

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from service.db.migrate import migrations_dir
-from service.testing.postgres import Server, _embedded_bin_dir, _local_bin_dirs, start_cluster
+from runledger.db.migrate import migrations_dir
+from runledger.testing.postgres import Server, _embedded_bin_dir, _local_bin_dirs, start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_migration_without_createrole_succeeds_and_warns(fresh_cluster: Server) 
 def test_runledger_migrate_as_that_user_exits_zero(fresh_cluster: Server, tmp_path: Any) -> None:
     from click.testing import CliRunner
 
-    from service.cli import main
+    from runledger.cli import main
 
     with psycopg.connect(fresh_cluster.admin_url, autocommit=True) as admin:
         admin.execute("CREATE ROLE limited2 LOGIN CREATEDB NOCREATEROLE")

@@ -1,4 +1,4 @@
-"""service/db/tables.py describes exactly what the migrations create.
+"""service/runledger/db/tables.py describes exactly what the migrations create.
 
 Two independent checks:
 
@@ -19,8 +19,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Connection, MetaData, Text, create_engine, pool, text
 
-from service.db import tables
-from service.db.migrate import sqlalchemy_url
+from runledger.db import tables
+from runledger.db.migrate import sqlalchemy_url
 from tests.migrations.helpers import query
 
 TABLES = {"runs", "run_turns", "run_calls", "run_events", "workers", "settings"}

@@ -5,7 +5,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from service.testing import wait_for
+from runledger.testing import wait_for
 
 LEASE = 5.0
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from service.testing import wait_for
+from runledger.testing import wait_for
 from tests.process.conftest import submit
 
 pytestmark = pytest.mark.process

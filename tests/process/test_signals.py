@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.testing import wait_for
+from runledger.testing import wait_for
 from tests.process.conftest import LEASE, call_rows, events, run_row, submit, wait_status
 
 pytestmark = pytest.mark.process

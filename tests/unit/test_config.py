@@ -1,4 +1,4 @@
-"""service.config: RUNLEDGER_* first, then DATABASE_URL; URLs normalized for psycopg."""
+"""runledger.config: RUNLEDGER_* first, then DATABASE_URL; URLs normalized for psycopg."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from service.config import Settings, load_settings, normalize_url
-from service.errors import ConfigurationError
+from runledger.config import Settings, load_settings, normalize_url
+from runledger.errors import ConfigurationError
 
 
 @pytest.fixture(autouse=True)
@@ -111,8 +111,8 @@ def test_normalize_url_is_idempotent() -> None:
 def test_the_worker_its_cli_and_limits_share_one_set_of_defaults() -> None:
     import inspect
 
-    from service.cli import worker
-    from service.worker import Limits, Worker
+    from runledger.cli import worker
+    from runledger.worker import Limits, Worker
 
     cli = {p.name: p.default for p in worker.params}
     sig = inspect.signature(Worker.__init__).parameters

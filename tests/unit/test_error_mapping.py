@@ -1,4 +1,4 @@
-"""SQLSTATE -> exception: service.errors.REGISTRY/from_sqlstate and store.map_error.
+"""SQLSTATE -> exception: runledger.errors.REGISTRY/from_sqlstate and store.map_error.
 
 The psycopg errors are built the way psycopg builds them from a server reply (an error
 class chosen by SQLSTATE, the diagnostic fields as ``info``), without a server.
@@ -13,8 +13,8 @@ import pytest
 from psycopg.errors import lookup
 from psycopg.pq import DiagnosticField
 
-from service import errors
-from service.db.store import map_error
+from runledger import errors
+from runledger.db.store import map_error
 from tests.unit.sql_source import raised_sqlstates
 
 DESIGN_TABLE = {

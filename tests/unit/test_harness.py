@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.testing.postgres import NoPostgres, acquire_server, url_with_dbname
+from runledger.testing.postgres import NoPostgres, acquire_server, url_with_dbname
 
 
 def test_no_postgres_is_a_clear_failure(monkeypatch: pytest.MonkeyPatch) -> None:

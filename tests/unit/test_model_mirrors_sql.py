@@ -1,4 +1,4 @@
-"""service.model refuses and accepts exactly what the SQL contract does (no database).
+"""runledger.model refuses and accepts exactly what the SQL contract does (no database).
 
 The regexes and word lists are read from migrations/versions/0001_contract.sql, so a
 change on one side without the other fails here.
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from service import model
-from service.db import tables
+from runledger import model
+from runledger.db import tables
 from tests.unit.sql_source import as_python, check_words, sql_pattern, word_arrays
 
 RUN_ID_SQL = sql_pattern("run_id")

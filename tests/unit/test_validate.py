@@ -1,4 +1,4 @@
-"""service.db.validate: what jsonb/text cannot hold is refused before a round trip."""
+"""runledger.db.validate: what jsonb/text cannot hold is refused before a round trip."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.db.validate import check_json, check_text
-from service.errors import InvalidInput
+from runledger.db.validate import check_json, check_text
+from runledger.errors import InvalidInput
 
 # -- text ------------------------------------------------------------------------------------
 

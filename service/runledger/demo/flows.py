@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from service.demo.provider import ProviderClient
-from service.flows import (
+from runledger.demo.provider import ProviderClient
+from runledger.flows import (
     Flow,
     HistoryTurn,
     NotApplied,

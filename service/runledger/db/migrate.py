@@ -1,7 +1,7 @@
 """Alembic driven from code, so ``runledger migrate`` works from an installed wheel.
 
 The revisions live in ``migrations/`` of a checkout; the wheel ships them inside the
-package as ``service/_migrations``.
+package as ``runledger/_migrations``.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
-from service.errors import ConfigurationError
+from runledger.errors import ConfigurationError
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def migrations_dir() -> Path:
-    for candidate in (_PACKAGE / "_migrations", _PACKAGE.parent / "migrations"):
+    for candidate in (_PACKAGE / "_migrations", _PACKAGE.parent.parent / "migrations"):
         if (candidate / "env.py").is_file():
             return candidate
     raise ConfigurationError("runledger migrations not found (broken installation?)")

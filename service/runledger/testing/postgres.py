@@ -306,7 +306,7 @@ def _ready(server: Server, timeout: float = 30.0) -> Server:
 
 def migrations_fingerprint() -> str:
     """Changes whenever a revision changes, so a stale template is rebuilt."""
-    from service.db.migrate import migrations_dir
+    from runledger.db.migrate import migrations_dir
 
     digest = hashlib.sha256()
     for path in sorted(migrations_dir().rglob("*")):
@@ -328,7 +328,7 @@ class Databases:
         return psycopg.connect(self.server.admin_url, autocommit=True)
 
     def ensure_template(self) -> str:
-        from service.db.migrate import upgrade
+        from runledger.db.migrate import upgrade
 
         with self._admin() as conn:
             conn.execute("SELECT pg_advisory_lock(7210551234002)")

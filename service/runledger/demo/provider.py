@@ -6,7 +6,7 @@ answer lookups ("did key K happen?"), refuse a request whose fencing token is lo
 than one already seen for the key, and inject faults: apply the effect then fail the
 response (the ambiguous case), fail before applying, hold a response at a gate.
 
-    python -m service.demo.provider --port 8765
+    python -m runledger.demo.provider --port 8765
 
 HTTP/JSON: ``POST /effects``, ``GET /effects[?key=K]``, ``POST /config``,
 ``POST /gates/<name>`` (open), ``POST /reset``, ``GET /health``.

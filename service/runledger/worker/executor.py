@@ -20,9 +20,9 @@ import time
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
 
-from service import errors
-from service.db.store import Store
-from service.flows import (
+from runledger import errors
+from runledger.db.store import Store
+from runledger.flows import (
     Flow,
     HistoryCall,
     HistoryTurn,
@@ -33,9 +33,9 @@ from service.flows import (
     ToolContext,
     invoke,
 )
-from service.model import Call, CallStatus, FinishStatus, Outcome, Safety
-from service.worker.crash import CrashPoints
-from service.worker.runs import (
+from runledger.model import Call, CallStatus, FinishStatus, Outcome, Safety
+from runledger.worker.crash import CrashPoints
+from runledger.worker.runs import (
     ActiveRun,
     Backoff,
     Draining,

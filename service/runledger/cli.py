@@ -1,4 +1,4 @@
-"""The ``runledger`` command (``python -m service`` is the same).
+"""The ``runledger`` command (``python -m runledger`` is the same).
 
 Data goes to stdout, logs to stderr. Exit codes: 0 ok, 1 check failed or refused,
 2 usage. Every option also reads ``RUNLEDGER_<OPTION>`` (``--help`` shows it).
@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import click
 
-from service import errors
-from service.config import default, load_settings
+from runledger import errors
+from runledger.config import default, load_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,7 +45,7 @@ database_option = click.option(
 
 
 @click.group(context_settings=CONTEXT)
-@click.version_option(package_name="runledger")
+@click.version_option(package_name="runledger-pg")
 def main() -> None:
     """runledger: durable, fenced AI-agent runs on PostgreSQL."""
 
@@ -57,7 +57,7 @@ def main() -> None:
 @click.option("--revision", default="head", help="Target revision.")
 def migrate(database_url: str | None, sql_only: bool, check: bool, revision: str) -> None:
     """Upgrade the runledger schema (safe to run from several processes at once)."""
-    from service.db import migrate as m
+    from runledger.db import migrate as m
 
     if sql_only:
         click.echo(m.offline_sql(revision), nl=False)
@@ -166,7 +166,7 @@ def worker(
     """Run a worker process: claim runs of the given flows and drive them."""
     import os
 
-    from service.worker import Limits, Worker, configure_logging, load_flows, run_worker
+    from runledger.worker import Limits, Worker, configure_logging, load_flows, run_worker
 
     configure_logging(log_level, log_json)
     url = _database_url(database_url)
@@ -196,7 +196,7 @@ def worker(
 
 
 def _client(database_url: str | None) -> Any:
-    from service.client import Client
+    from runledger.client import Client
 
     return Client(_database_url(database_url), actor=f"cli:{os.environ.get('USER', 'operator')}")
 
@@ -345,7 +345,7 @@ def retry(database_url: str | None, run_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def audit(database_url: str | None, as_json: bool) -> None:
     """Check the run tables' invariants; exit 1 when any is broken."""
-    from service.audit import run_checks
+    from runledger.audit import run_checks
 
     findings = run_checks(_database_url(database_url))
     if as_json:
@@ -375,7 +375,7 @@ def audit(database_url: str | None, as_json: bool) -> None:
 @_opt("--seed", type=int, default=7, help="Which workers get killed.")
 def demo(database_url: str | None, runs: int, n_workers: int, kills: int, seed: int) -> None:
     """Run the demo: workers SIGKILLed mid-call, then an audit of the effects."""
-    from service.demo.run import run_demo
+    from runledger.demo.run import run_demo
 
     sys.exit(run_demo(database_url, runs, n_workers, kills, seed))
 

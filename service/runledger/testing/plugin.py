@@ -1,13 +1,13 @@
-"""The fixtures of runledger's pytest plugin (loaded through :mod:`service.testing`).
+"""The fixtures of runledger's pytest plugin (loaded through :mod:`runledger.testing`).
 
 Fixtures:
 
-- ``runledger_server`` (session): a running PostgreSQL (see :mod:`service.testing.postgres`);
+- ``runledger_server`` (session): a running PostgreSQL (see :mod:`runledger.testing.postgres`);
 - ``runledger_databases`` (session): the migrated template and per-test clones;
 - ``database_url``: a fresh migrated database for this test;
 - ``admin_conn``: a superuser psycopg connection to it (autocommit);
 - ``db_clock``: moves ``runledger.now()`` for every session of the test database;
-- ``store``: a :class:`service.db.store.Store` on it (async tests).
+- ``store``: a :class:`runledger.db.store.Store` on it (async tests).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from service.testing.postgres import Databases, Server, acquire_server
+from runledger.testing.postgres import Databases, Server, acquire_server
 
 
 class DbClock:
@@ -88,7 +88,7 @@ def db_clock(admin_conn: psycopg.Connection[Any]) -> DbClock:
 
 @pytest_asyncio.fixture
 async def store(database_url: str) -> AsyncIterator[Any]:
-    from service.db.store import Store
+    from runledger.db.store import Store
 
     s = await Store.connect(database_url, max_size=8)
     try:
@@ -100,7 +100,7 @@ async def store(database_url: str) -> AsyncIterator[Any]:
 @pytest.fixture
 def provider() -> Iterator[Any]:
     """The fake provider in its own process; ``.client`` talks to it, ``.url`` is its address."""
-    from service.testing.processes import ProviderProcess
+    from runledger.testing.processes import ProviderProcess
 
     p = ProviderProcess()
     try:
@@ -111,16 +111,16 @@ def provider() -> Iterator[Any]:
 
 @pytest.fixture
 def workers(database_url: str, provider: Any) -> Iterator[Any]:
-    """A :class:`~service.testing.processes.WorkerPool` for the demo flows.
+    """A :class:`~runledger.testing.processes.WorkerPool` for the demo flows.
 
     Start workers with ``workers.start(n)``; override the flows with
     ``workers.flows = ["myapp.flows:flow"]`` before starting.
     """
-    from service.testing.processes import WorkerPool
+    from runledger.testing.processes import WorkerPool
 
     pool = WorkerPool(
         database_url,
-        ["service.demo.flows:flows"],
+        ["runledger.demo.flows:flows"],
         env={"RUNLEDGER_PROVIDER_URL": provider.url},
         args=["--poll-seconds", "0.2"],
     )

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from service.demo.provider import ProviderClient
+from runledger.demo.provider import ProviderClient
 
 T = TypeVar("T")
 
@@ -39,14 +39,14 @@ def wait_for(
 
 
 class ProviderProcess:
-    """``python -m service.demo.provider`` on a free port."""
+    """``python -m runledger.demo.provider`` on a free port."""
 
     def __init__(self) -> None:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
             "w+", prefix="runledger-provider-", delete=False
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "service.demo.provider", "--port", "0"],
+            [sys.executable, "-u", "-m", "runledger.demo.provider", "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
@@ -116,7 +116,7 @@ class WorkerPool:
         return started
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "service", "worker", "--worker-id", self.worker_id(i)]
+        cmd = [sys.executable, "-m", "runledger", "worker", "--worker-id", self.worker_id(i)]
         for spec in self.flows:
             cmd += ["--flows", spec]
         cmd += self.args + self.extra_args[i]

@@ -1,11 +1,11 @@
-"""Rows of the run tables -> the frozen dataclasses of :mod:`service.model`."""
+"""Rows of the run tables -> the frozen dataclasses of :mod:`runledger.model`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from service.model import Call, CallStatus, IdempotencyKey, Run, RunId, RunStatus
+from runledger.model import Call, CallStatus, IdempotencyKey, Run, RunId, RunStatus
 
 Row = dict[str, Any]
 

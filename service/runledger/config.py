@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.errors import ConfigurationError
+from runledger.errors import ConfigurationError
 
 
 class Settings(BaseSettings):

@@ -1,4 +1,4 @@
-"""The worker runtime: load flows, run a :class:`~service.worker.process.Worker`."""
+"""The worker runtime: load flows, run a :class:`~runledger.worker.process.Worker`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from service.flows import Flow
-from service.worker.executor import Limits
-from service.worker.process import Worker
+from runledger.flows import Flow
+from runledger.worker.executor import Limits
+from runledger.worker.process import Worker
 
 __all__ = ["Limits", "Worker", "configure_logging", "load_flows", "run_worker"]
 

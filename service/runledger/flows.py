@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from service.model import CALL_ID_RE, FLOW_NAME_RE, FLOW_VERSION_RE, Safety, flow_ref
+from runledger.model import CALL_ID_RE, FLOW_NAME_RE, FLOW_VERSION_RE, Safety, flow_ref
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Every method calls one stored function with bound parameters, in autocommit (one
 function call = one transaction). A refusal of class ``RL`` becomes the matching
-:mod:`service.errors` exception, raised ``from`` the driver error.
+:mod:`runledger.errors` exception, raised ``from`` the driver error.
 
 Connection failures are retried with backoff. A failure while the statement was in
 flight leaves the outcome unknown (it may have committed), so every write that is
@@ -26,10 +26,10 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from service import errors
-from service.db.rows import Journal, Row, call_from_row, run_from_row
-from service.db.validate import check_json, check_text
-from service.model import (
+from runledger import errors
+from runledger.db.rows import Journal, Row, call_from_row, run_from_row
+from runledger.db.validate import check_json, check_text
+from runledger.model import (
     RUN_ID_RE,
     Call,
     CallStatus,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.errors import InvalidInput
+from runledger.errors import InvalidInput
 
 
 def _encodable(what: str, value: str, where: str = "") -> None:

@@ -1,6 +1,6 @@
 """``Client``: submit and inspect runs from ordinary (synchronous) code.
 
-It drives the same async :class:`~service.db.store.Store` the worker uses, on a
+It drives the same async :class:`~runledger.db.store.Store` the worker uses, on a
 private event loop in a background thread, so there is one implementation of every
 database call.
 """
@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from service import errors
-from service.config import load_settings
-from service.db.store import Store
-from service.flows import Flow
-from service.model import (
+from runledger import errors
+from runledger.config import load_settings
+from runledger.db.store import Store
+from runledger.flows import Flow
+from runledger.model import (
     Call,
     Event,
     Resolution,

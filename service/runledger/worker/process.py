@@ -27,11 +27,11 @@ from collections.abc import Sequence
 
 import psycopg
 
-from service.config import default
-from service.db.store import Store
-from service.flows import Flow
-from service.worker.crash import CrashPoints
-from service.worker.executor import ActiveRun, Executor, Limits
+from runledger.config import default
+from runledger.db.store import Store
+from runledger.flows import Flow
+from runledger.worker.crash import CrashPoints
+from runledger.worker.executor import ActiveRun, Executor, Limits
 
 log = logging.getLogger(__name__)
 

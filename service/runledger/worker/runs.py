@@ -9,9 +9,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.config import default
-from service.flows import Receipt
-from service.model import ClaimedRun
+from runledger.config import default
+from runledger.flows import Receipt
+from runledger.model import ClaimedRun
 
 
 class Draining(Exception):

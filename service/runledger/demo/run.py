@@ -20,8 +20,8 @@ import click
 import psycopg
 from psycopg.types.json import Jsonb
 
-from service.db.migrate import upgrade
-from service.testing.processes import ProviderProcess, WorkerPool, wait_for
+from runledger.db.migrate import upgrade
+from runledger.testing.processes import ProviderProcess, WorkerPool, wait_for
 
 
 @contextlib.contextmanager
@@ -29,7 +29,7 @@ def _database(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from service.testing.postgres import Databases, acquire_server
+    from runledger.testing.postgres import Databases, acquire_server
 
     click.echo("no RUNLEDGER_DATABASE_URL: starting a throwaway PostgreSQL", err=True)
     server = acquire_server()
@@ -47,7 +47,7 @@ def run_demo(url: str | None, runs: int, workers: int, kills: int, seed: int) ->
         provider = ProviderProcess()
         pool = WorkerPool(
             db,
-            ["service.demo.flows:flows"],
+            ["runledger.demo.flows:flows"],
             env={"RUNLEDGER_PROVIDER_URL": provider.url},
             args=["--lease-seconds", "2", "--poll-seconds", "0.2", "--log-level", "WARNING"],
         )
@@ -156,7 +156,7 @@ def _audit(
             f"  unknown (e-mail may or may not have gone out): {key}"
             f" -> runledger resolve {key} applied|not_applied|abandoned"
         )
-    from service.audit import run_checks
+    from runledger.audit import run_checks
 
     broken = [f.check.name for f in run_checks(db) if not f.ok]
     click.echo(f"invariant checks (runledger audit): {broken or 'all ok'}")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.client import Client
-from service.errors import (
+from runledger.client import Client
+from runledger.errors import (
     InvalidInput,
     InvalidTransition,
     LeaseLost,
@@ -12,8 +12,8 @@ from service.errors import (
     RunNotFound,
     VersionConflict,
 )
-from service.flows import Flow, NotApplied, Receipt, ToolCall, ToolContext
-from service.model import Safety
+from runledger.flows import Flow, NotApplied, Receipt, ToolCall, ToolContext
+from runledger.model import Safety
 
 __all__ = [
     "Client",

@@ -1,0 +1,3 @@
+from runledger.cli import run
+
+run()
