@@ -126,6 +126,7 @@ class WorkerPool:
             **self.extra_env[i],
             "RUNLEDGER_DATABASE_URL": self.database_url,
             "PYTHONUNBUFFERED": "1",
+            "RUNLEDGER_TESTING": "1",  # crash points are honoured only in tests
         }
         log = self.logs[i].open("ab")
         try:
