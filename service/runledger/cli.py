@@ -1,30 +1,147 @@
 """The ``runledger`` command (``python -m runledger`` is the same).
 
 Data goes to stdout, logs to stderr. Exit codes: 0 ok, 1 check failed or refused,
-2 usage. Every option also reads ``RUNLEDGER_<OPTION>`` (``--help`` shows it).
+2 usage.
+
+One environment rule for every option of every command: ``--some-option`` reads
+``RUNLEDGER_SOME_OPTION`` (``--database-url`` then falls back to ``DATABASE_URL``), and
+``--help`` shows it. The variables are set on each option explicitly (:func:`_opt`), never
+derived by click from parameter names. ``--json`` reads ``RUNLEDGER_JSON`` and nothing else.
+
+The worker's options are generated from :class:`runledger.config.Settings` (name, type,
+default, range, help), so each setting has exactly one range; the command builds a
+``Settings`` from them and makes the worker with ``worker_from_settings``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
+from click.core import ParameterSource
+from pydantic import ValidationError
 
 from runledger import errors
-from runledger.config import default, load_settings
+from runledger.config import (
+    ENV_PREFIX,
+    Settings,
+    bounds,
+    env_names,
+    resolve_database_url,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-CONTEXT = {"auto_envvar_prefix": "RUNLEDGER", "show_default": True}
+CONTEXT = {"show_default": True}
+
+
+def env_var(option: str) -> str:
+    """The one rule: ``--run-id`` reads ``RUNLEDGER_RUN_ID``."""
+    return ENV_PREFIX + option.removeprefix("--").upper().replace("-", "_")
+
+
+class EnvOption(click.Option):
+    """An option that names its environment variables in ``--help`` and in its errors."""
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        names = " / ".join(f"'{o}'" for o in self.opts)
+        envvars = [self.envvar] if isinstance(self.envvar, str) else list(self.envvar or ())
+        return f"{names} (env var: {', '.join(envvars)})" if envvars else names
+
+
+def _opt(*decls: str, **kwargs: Any) -> Callable[[F], F]:
+    """An option that reads RUNLEDGER_<OPTION> (unless ``envvar`` is given) and says so."""
+    long = next(d for d in decls if d.startswith("--"))
+    kwargs.setdefault("envvar", env_var(long))
+    kwargs.setdefault("show_envvar", True)
+    return click.option(*decls, cls=EnvOption, **kwargs)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange lets NaN through (every comparison with it is false): not this one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def _setting_type(name: str) -> click.ParamType[Any, Any]:
+    annotation = Settings.model_fields[name].annotation
+    if get_origin(annotation) is Literal:
+        return click.Choice([str(a) for a in get_args(annotation)], case_sensitive=False)
+    if annotation in (int, float):
+        b = bounds(name)
+        if annotation is int:
+            return click.IntRange(
+                _int(b.min), _int(b.max), min_open=b.min_open, max_open=b.max_open
+            )
+        return FiniteFloatRange(b.min, b.max, min_open=b.min_open, max_open=b.max_open)
+    return click.STRING
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def setting_option(name: str, *, help: str | None = None) -> Callable[[F], F]:
+    """The option of a :class:`Settings` field: ``--<name>``, its env vars, type and range."""
+    field = Settings.model_fields[name]
+    envvars = env_names(name)
+    kwargs: dict[str, Any] = {
+        "envvar": envvars[0] if len(envvars) == 1 else list(envvars),
+        "help": help or field.description,
+        "default": field.default,
+    }
+    if field.annotation is bool:
+        kwargs["is_flag"] = True
+    else:
+        kwargs["type"] = _setting_type(name)
+    return _opt("--" + name.replace("_", "-"), name, **kwargs)
+
+
+WORKER_SETTINGS: tuple[str, ...] = tuple(Settings.model_fields)
+
+
+def _settings_options(f: F) -> F:
+    for name in reversed(WORKER_SETTINGS):
+        f = setting_option(name)(f)
+    return f
+
+
+_GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def build_settings(ctx: click.Context, values: Mapping[str, Any]) -> Settings:
+    """Settings from the options given on the command line or in their env vars.
+
+    The rest come from the defaults; a refusal is a usage error naming the option.
+    """
+    given = {n: v for n, v in values.items() if ctx.get_parameter_source(n) in _GIVEN}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        raise _usage_error(ctx, exc) from None
+
+
+def _usage_error(ctx: click.Context, exc: ValidationError) -> click.UsageError:
+    first = exc.errors()[0]
+    name = str(first["loc"][0]) if first["loc"] else ""
+    for param in ctx.command.params:
+        if param.name == name:
+            return click.BadParameter(f"{first['msg']}.", ctx=ctx, param=param)
+    return click.UsageError(f"{name}: {first['msg']}", ctx=ctx)
 
 
 def _database_url(value: str | None) -> str:
     try:
-        return load_settings(database_url=value).require_database_url()
+        return resolve_database_url(value)
     except errors.ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
 
@@ -36,12 +153,8 @@ def emit(data: Any, *, as_json: bool) -> None:
         click.echo(data)
 
 
-database_option = click.option(
-    "--database-url",
-    envvar=["RUNLEDGER_DATABASE_URL", "DATABASE_URL"],
-    show_envvar=True,
-    help="PostgreSQL URL (RUNLEDGER_DATABASE_URL, then DATABASE_URL).",
-)
+database_option = setting_option("database_url")
+json_option = _opt("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
 @click.group(context_settings=CONTEXT)
@@ -52,9 +165,9 @@ def main() -> None:
 
 @main.command(context_settings=CONTEXT)
 @database_option
-@click.option("--sql", "sql_only", is_flag=True, help="Print the SQL; do not connect.")
-@click.option("--check", is_flag=True, help="Exit 1 when the database is behind; change nothing.")
-@click.option("--revision", default="head", help="Target revision.")
+@_opt("--sql", "sql_only", is_flag=True, help="Print the SQL; do not connect.")
+@_opt("--check", is_flag=True, help="Exit 1 when the database is behind; change nothing.")
+@_opt("--revision", default="head", help="Target revision.")
 def migrate(database_url: str | None, sql_only: bool, check: bool, revision: str) -> None:
     """Upgrade the runledger schema (safe to run from several processes at once)."""
     from runledger.db import migrate as m
@@ -77,119 +190,28 @@ def migrate(database_url: str | None, sql_only: bool, check: bool, revision: str
     click.echo(f"migrated: {before or 'empty'} -> {after}")
 
 
-def _opt(*decls: str, **kwargs: Any) -> Callable[[F], F]:
-    """An option that also reads RUNLEDGER_<NAME> and says so in --help."""
-    kwargs.setdefault("show_envvar", True)
-    return click.option(*decls, **kwargs)
-
-
 @main.command(context_settings=CONTEXT)
-@database_option
 @_opt(
     "--flows",
     "flow_specs",
     multiple=True,
     required=True,
-    envvar="RUNLEDGER_FLOWS",
-    help="package.module:attribute holding a Flow or a list of Flows (repeatable).",
+    help="package.module:attribute holding a Flow or a list of Flows "
+    "(repeatable; space-separated in the env var).",
 )
-@_opt(
-    "--concurrency", type=click.IntRange(1, 1000), default=default("concurrency"), help="Run slots."
-)
-@_opt(
-    "--lease-seconds",
-    type=click.FloatRange(1, 86400),
-    default=default("lease_seconds"),
-    help="Lease length.",
-)
-@_opt("--worker-id", default=None, help="Stable id for this worker (default host:pid:random).")
-@_opt(
-    "--poll-seconds",
-    type=click.FloatRange(0.05, 3600),
-    default=default("poll_seconds"),
-    help="Claim poll interval when no notification arrives.",
-)
-@_opt(
-    "--grace-seconds",
-    type=click.FloatRange(0, 3600),
-    default=default("grace_seconds"),
-    help="On SIGTERM, time for in-flight calls to finish.",
-)
-@_opt(
-    "--max-turns",
-    type=click.IntRange(1),
-    default=default("max_turns"),
-    help="Per-run budget of turns.",
-)
-@_opt(
-    "--max-calls",
-    type=click.IntRange(1),
-    default=default("max_calls"),
-    help="Per-run budget of tool calls.",
-)
-@_opt(
-    "--max-stalled-claims",
-    type=click.IntRange(1),
-    default=default("max_stalled_claims"),
-    help="Claims without progress before a run fails as crash_loop.",
-)
-@_opt(
-    "--tool-timeout",
-    type=click.FloatRange(0.01),
-    default=default("tool_timeout"),
-    help="Default tool timeout in seconds (a timeout is ambiguous).",
-)
-@_opt(
-    "--policy-timeout",
-    type=click.FloatRange(0.01),
-    default=default("policy_timeout"),
-    help="Policy timeout.",
-)
-@_opt("--log-json", is_flag=True, help="JSON log lines on stderr.")
-@_opt("--log-level", default=default("log_level"), help="Log level.")
-def worker(
-    database_url: str | None,
-    flow_specs: tuple[str, ...],
-    concurrency: int,
-    lease_seconds: float,
-    worker_id: str | None,
-    poll_seconds: float,
-    grace_seconds: float,
-    max_turns: int,
-    max_calls: int,
-    max_stalled_claims: int,
-    tool_timeout: float,
-    policy_timeout: float,
-    log_json: bool,
-    log_level: str,
-) -> None:
+@_settings_options
+@click.pass_context
+def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) -> None:
     """Run a worker process: claim runs of the given flows and drive them."""
-    import os
+    from runledger.worker import configure_logging, load_flows, run_worker, worker_from_settings
 
-    from runledger.worker import Limits, Worker, configure_logging, load_flows, run_worker
-
-    configure_logging(log_level, log_json)
-    url = _database_url(database_url)
+    settings = build_settings(ctx, values)
+    configure_logging(settings.log_level, settings.log_json)
+    _database_url(settings.database_url)  # no URL: a usage error before importing flows
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        flows = load_flows(flow_specs)
-        w = Worker(
-            database_url=url,
-            flows=flows,
-            worker_id=worker_id,
-            concurrency=concurrency,
-            lease_seconds=lease_seconds,
-            poll_seconds=poll_seconds,
-            grace_seconds=grace_seconds,
-            limits=Limits(
-                max_turns=max_turns,
-                max_calls=max_calls,
-                max_stalled_claims=max_stalled_claims,
-                tool_timeout=tool_timeout,
-                policy_timeout=policy_timeout,
-            ),
-        )
+        w = worker_from_settings(settings, load_flows(flow_specs))
     except (ValueError, ImportError) as exc:
         raise click.UsageError(str(exc)) from exc
     run_worker(w)
@@ -206,8 +228,8 @@ def _client(database_url: str | None) -> Any:
 @click.argument("flow")
 @_opt("--input", "input_json", default="{}", help="The run's input: a JSON object.")
 @_opt("--run-id", default=None, help="Run id (default: generated). Resubmitting is a no-op.")
-@_opt("--priority", type=int, default=0, help="Higher runs first.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_opt("--priority", type=click.IntRange(-(2**31), 2**31 - 1), default=0, help="Higher runs first.")
+@json_option
 def submit(
     database_url: str | None,
     flow: str,
@@ -244,7 +266,7 @@ def _run_dict(run: Any) -> dict[str, Any]:
 @main.command(context_settings=CONTEXT)
 @database_option
 @click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def status(database_url: str | None, run_id: str, as_json: bool) -> None:
     """Show a run and its calls."""
     with _client(database_url) as client:
@@ -286,8 +308,8 @@ def status(database_url: str | None, run_id: str, as_json: bool) -> None:
 @main.command(context_settings=CONTEXT)
 @database_option
 @click.argument("run_id")
-@_opt("--timeout", type=float, default=60.0, help="Seconds to wait.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_opt("--timeout", type=FiniteFloatRange(min=0), default=60.0, help="Seconds to wait.")
+@json_option
 def wait(database_url: str | None, run_id: str, timeout: float, as_json: bool) -> None:
     """Wait until a run succeeds, fails, is cancelled or pauses; exit 1 unless it succeeded."""
     with _client(database_url) as client:
@@ -304,8 +326,8 @@ def wait(database_url: str | None, run_id: str, timeout: float, as_json: bool) -
 @database_option
 @click.argument("key")
 @click.argument("resolution", type=click.Choice(["applied", "not_applied", "abandoned"]))
-@click.option("--receipt", default=None, help="Provider receipt (JSON object) for 'applied'.")
-@click.option("--note", default=None, help="Why; kept in the ledger.")
+@_opt("--receipt", default=None, help="Provider receipt (JSON object) for 'applied'.")
+@_opt("--note", default=None, help="Why; kept in the ledger.")
 def resolve(
     database_url: str | None, key: str, resolution: str, receipt: str | None, note: str | None
 ) -> None:
@@ -322,7 +344,7 @@ def resolve(
 @main.command(context_settings=CONTEXT)
 @database_option
 @click.argument("run_id")
-@click.option("--reason", default=None, help="Why; kept in the ledger.")
+@_opt("--reason", default=None, help="Why; kept in the ledger.")
 def cancel(database_url: str | None, run_id: str, reason: str | None) -> None:
     """Cancel a run; its current lease holder is refused from then on."""
     with _client(database_url) as client:
@@ -342,7 +364,7 @@ def retry(database_url: str | None, run_id: str) -> None:
 
 @main.command(context_settings=CONTEXT)
 @database_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def audit(database_url: str | None, as_json: bool) -> None:
     """Check the run tables' invariants; exit 1 when any is broken."""
     from runledger.audit import run_checks
@@ -363,12 +385,7 @@ def audit(database_url: str | None, as_json: bool) -> None:
 
 
 @main.command(context_settings=CONTEXT)
-@click.option(
-    "--database-url",
-    envvar=["RUNLEDGER_DATABASE_URL", "DATABASE_URL"],
-    show_envvar=True,
-    help="PostgreSQL URL; default: a throwaway cluster.",
-)
+@setting_option("database_url", help="PostgreSQL URL; default: a throwaway cluster.")
 @_opt("--runs", type=click.IntRange(1, 10000), default=40, help="Runs to submit.")
 @_opt("--workers", "n_workers", type=click.IntRange(1, 32), default=3, help="Worker processes.")
 @_opt("--kills", type=click.IntRange(0, 100), default=3, help="SIGKILLs during the run.")

@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from runledger import errors
-from runledger.config import load_settings
+from runledger.config import resolve_database_url
 from runledger.db.store import Store
 from runledger.flows import Flow
 from runledger.model import (
@@ -38,7 +38,7 @@ class Client:
     """``Client(database_url)``; use as a context manager or call :meth:`close`."""
 
     def __init__(self, database_url: str | None = None, *, actor: str | None = None) -> None:
-        self.database_url = load_settings(database_url=database_url).require_database_url()
+        self.database_url = resolve_database_url(database_url)
         self.actor = actor or f"client:{getpass.getuser()}"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(

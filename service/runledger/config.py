@@ -1,41 +1,149 @@
-"""One frozen Settings object: ``RUNLEDGER_*`` environment variables, then ``DATABASE_URL``."""
+"""One frozen Settings object: ``RUNLEDGER_*`` environment variables, then ``DATABASE_URL``.
+
+Every worker and connection setting is declared here once: its name, type, default, range
+and help text. The rest follows from the declaration:
+
+- its environment variable is ``RUNLEDGER_<NAME>`` (``database_url`` also falls back to
+  ``DATABASE_URL``; :func:`env_names` says which);
+- ``runledger worker`` generates its option ``--<name-with-dashes>`` from the field, with
+  the field's range (``runledger.cli``), builds a :class:`Settings` from the options it was
+  given (a flag beats the environment, which beats the default) and makes the worker with
+  :func:`runledger.worker.worker_from_settings`;
+- floats are finite: NaN and infinities are refused, whatever the range.
+
+An empty environment variable counts as unset (as it does for click).
+"""
 
 from __future__ import annotations
 
-import os
-from typing import Any
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from pydantic import Field
+import annotated_types
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runledger.errors import ConfigurationError
 
+ENV_PREFIX = "RUNLEDGER_"
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RUNLEDGER_", frozen=True, extra="ignore")
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
-    database_url: str | None = None
-    worker_id: str | None = None
-    concurrency: int = Field(default=4, ge=1, le=1000)
-    lease_seconds: float = Field(default=30.0, gt=0.5, le=86_400)
-    poll_seconds: float = Field(default=2.0, gt=0, le=3600)
-    grace_seconds: float = Field(default=30.0, ge=0, le=3600)
-    max_turns: int = Field(default=50, ge=1)
-    max_calls: int = Field(default=200, ge=1)
-    max_stalled_claims: int = Field(default=5, ge=1)
-    tool_timeout: float = Field(default=300.0, gt=0)
-    policy_timeout: float = Field(default=300.0, gt=0)
-    log_json: bool = False
-    log_level: str = "INFO"
+_CONFIG = SettingsConfigDict(
+    env_prefix=ENV_PREFIX,
+    env_ignore_empty=True,
+    frozen=True,
+    extra="forbid",  # a misspelt keyword is an error, not a silently ignored setting
+    allow_inf_nan=False,
+    populate_by_name=True,
+)
+
+
+class ConnectionSettings(BaseSettings):
+    """What a client needs: where the database is. :class:`Settings` adds the worker's."""
+
+    model_config = _CONFIG
+
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("RUNLEDGER_DATABASE_URL", "DATABASE_URL"),
+        description="PostgreSQL URL.",
+    )
 
     def require_database_url(self) -> str:
-        url = self.database_url or os.environ.get("DATABASE_URL")
-        if not url:
+        if not self.database_url:
             raise ConfigurationError(
                 "no database URL: set RUNLEDGER_DATABASE_URL (or DATABASE_URL), "
                 "or pass --database-url"
             )
-        return normalize_url(url)
+        return normalize_url(self.database_url)
+
+
+class Settings(ConnectionSettings):
+    """Every setting of a worker process (the connection's included)."""
+
+    model_config = _CONFIG
+
+    worker_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Stable id for this worker (default host:pid:random).",
+    )
+    concurrency: int = Field(default=4, ge=1, le=1000, description="Run slots.")
+    lease_seconds: float = Field(
+        default=30.0, ge=1, le=86_400, description="Lease length; renewed every third of it."
+    )
+    poll_seconds: float = Field(
+        default=2.0,
+        ge=0.05,
+        le=3600,
+        description="Claim poll interval when no notification arrives.",
+    )
+    grace_seconds: float = Field(
+        default=30.0, ge=0, le=3600, description="On SIGTERM, time for in-flight calls to finish."
+    )
+    max_turns: int = Field(default=50, ge=1, description="Per-run budget of turns.")
+    max_calls: int = Field(default=200, ge=1, description="Per-run budget of tool calls.")
+    max_stalled_claims: int = Field(
+        default=5, ge=1, description="Claims without progress before a run fails as crash_loop."
+    )
+    tool_timeout: float = Field(
+        default=300.0,
+        ge=0.01,
+        description="Default tool timeout in seconds (a timeout is ambiguous).",
+    )
+    policy_timeout: float = Field(default=300.0, ge=0.01, description="Policy timeout in seconds.")
+    log_json: bool = Field(default=False, description="JSON log lines on stderr.")
+    log_level: LogLevel = Field(default="INFO", description="Log level.")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+
+def env_names(name: str) -> tuple[str, ...]:
+    """The environment variables a setting reads, first one first."""
+    alias = Settings.model_fields[name].validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(c for c in alias.choices if isinstance(c, str))
+    return (ENV_PREFIX + name.upper(),)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bounds:
+    """A numeric setting's range, as declared on its field (None: unbounded)."""
+
+    min: float | None = None
+    max: float | None = None
+    min_open: bool = False
+    max_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.min is not None and (value <= self.min if self.min_open else value < self.min):
+            return False
+        return not (
+            self.max is not None and (value >= self.max if self.max_open else value > self.max)
+        )
+
+
+def bounds(name: str) -> Bounds:
+    """The range of a numeric setting, read from its field's constraints."""
+    found: dict[str, Any] = {}
+    for item in Settings.model_fields[name].metadata:
+        if isinstance(item, annotated_types.Ge):
+            found["min"] = item.ge
+        elif isinstance(item, annotated_types.Gt):
+            found.update(min=item.gt, min_open=True)
+        elif isinstance(item, annotated_types.Le):
+            found["max"] = item.le
+        elif isinstance(item, annotated_types.Lt):
+            found.update(max=item.lt, max_open=True)
+    return Bounds(**found)
 
 
 def normalize_url(url: str) -> str:
@@ -52,5 +160,15 @@ def default(name: str) -> Any:
 
 
 def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, with ``overrides`` on top (None means "not given")."""
     clean = {k: v for k, v in overrides.items() if v is not None}
     return Settings(**clean)  # type: ignore[arg-type]
+
+
+def resolve_database_url(value: str | None = None) -> str:
+    """``value`` when given, else ``RUNLEDGER_DATABASE_URL``, else ``DATABASE_URL``.
+
+    Reads the connection settings only: a client is not refused for a bad worker setting.
+    """
+    given = {"database_url": value} if value else {}
+    return ConnectionSettings(**given).require_database_url()

@@ -256,3 +256,186 @@ def test_entry_point_maps_usage_errors_to_exit_2(
         cli.run()
     assert exit_.value.code == 2
     assert "--input is not JSON" in capsys.readouterr().err
+
+
+# -- one env rule: RUNLEDGER_<OPTION>, through real invocations ----------------------------
+
+
+def test_submit_reads_its_options_from_runledger_option(database_url: str, admin_conn: Any) -> None:
+    result = CliRunner().invoke(
+        cli.main,
+        ["submit", "nobody@1"],
+        env={
+            "RUNLEDGER_DATABASE_URL": database_url,
+            "RUNLEDGER_INPUT": '{"from": "env"}',
+            "RUNLEDGER_RUN_ID": "env-1",
+            "RUNLEDGER_PRIORITY": "7",
+            "RUNLEDGER_JSON": "1",
+        },
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"run_id": "env-1", "created": True}
+    row = admin_conn.execute(
+        "SELECT run_id, input, priority FROM runledger.runs ORDER BY run_id"
+    ).fetchall()
+    assert row == [("env-1", {"from": "env"}, 7)]
+
+
+def test_a_flag_beats_its_env_var(database_url: str, admin_conn: Any) -> None:
+    result = CliRunner().invoke(
+        cli.main,
+        ["submit", "nobody@1", "--input", '{"from": "flag"}', "--run-id", "flag-1"],
+        env={
+            "RUNLEDGER_DATABASE_URL": database_url,
+            "RUNLEDGER_INPUT": '{"from": "env"}',
+            "RUNLEDGER_RUN_ID": "env-1",
+        },
+    )
+    assert result.exit_code == 0, result.output
+    assert admin_conn.execute("SELECT run_id, input FROM runledger.runs").fetchall() == [
+        ("flag-1", {"from": "flag"})
+    ]
+
+
+def test_database_url_falls_back_to_database_url(database_url: str, admin_conn: Any) -> None:
+    result = CliRunner().invoke(
+        cli.main,
+        ["submit", "nobody@1", "--run-id", "via-fallback"],
+        env={"RUNLEDGER_DATABASE_URL": None, "DATABASE_URL": database_url},
+    )
+    assert result.exit_code == 0, result.output
+    assert admin_conn.execute("SELECT run_id FROM runledger.runs").fetchall() == [("via-fallback",)]
+
+
+def test_env_names_click_used_to_derive_change_nothing(
+    invoke: Any, database_url: str, admin_conn: Any
+) -> None:
+    # click's auto_envvar_prefix read these from the parameter names (as_json, input_json)
+    stale = {
+        "RUNLEDGER_DATABASE_URL": database_url,
+        "RUNLEDGER_AS_JSON": "1",
+        "RUNLEDGER_INPUT_JSON": '{"stale": true}',
+    }
+    runner = CliRunner()
+    submitted = runner.invoke(cli.main, ["submit", "nobody@1", "--run-id", "plain"], env=stale)
+    assert submitted.exit_code == 0, submitted.output
+    assert submitted.stdout == "plain submitted\n"
+    assert admin_conn.execute("SELECT input FROM runledger.runs").fetchall() == [({},)]
+    status = runner.invoke(cli.main, ["status", "plain"], env=stale)
+    assert status.exit_code == 0, status.output
+    assert "plain" in status.stdout and "queued" in status.stdout
+    with pytest.raises(ValueError):
+        json.loads(status.stdout)
+    as_json = runner.invoke(cli.main, ["status", "plain"], env={**stale, "RUNLEDGER_JSON": "1"})
+    assert json.loads(as_json.stdout)["run"]["status"] == "queued"
+
+
+@pytest.mark.timeout(30)  # before the fix, a NaN deadline was never reached: a busy loop
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (
+            ["wait", "queued-run", "--timeout", "nan"],
+            {},
+            "'--timeout' (env var: RUNLEDGER_TIMEOUT)",
+        ),
+        (["wait", "queued-run"], {"RUNLEDGER_TIMEOUT": "inf"}, "RUNLEDGER_TIMEOUT"),
+        (["submit", "nobody@1"], {"RUNLEDGER_PRIORITY": "high"}, "RUNLEDGER_PRIORITY"),
+        (["submit", "nobody@1", "--priority", str(2**31)], {}, "'--priority'"),
+        (["status", "queued-run"], {"RUNLEDGER_JSON": "maybe"}, "RUNLEDGER_JSON"),
+    ],
+    ids=["timeout-nan", "timeout-inf-env", "priority-env", "priority-int32", "json-env"],
+)
+def test_a_bad_value_is_exit_2_and_one_line(
+    database_url: str,
+    admin_conn: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    named: str,
+) -> None:
+    admin_conn.execute("SELECT * FROM runledger.submit_run('queued-run', 'nobody', '1', '{}')")
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", database_url)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", ["runledger", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, err
+    assert named in errors[0]
+    assert "Traceback" not in err
+    assert admin_conn.execute("SELECT run_id FROM runledger.runs").fetchall() == [("queued-run",)]
+
+
+# A flow the worker command can import by name.
+ENV_FLOW = Flow("env-flow", "1")
+
+
+@ENV_FLOW.policy
+def _env_decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+    return []
+
+
+async def test_the_worker_command_makes_its_worker_from_settings(
+    database_url: str, db: Db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runledger.worker as worker_module
+    from runledger.worker import Worker
+    from tests.integration.conftest import RunningWorker
+
+    made: list[Worker] = []
+    logging_args: list[tuple[str, bool]] = []
+    monkeypatch.setattr(worker_module, "run_worker", made.append)
+    monkeypatch.setattr(
+        worker_module, "configure_logging", lambda level, js: logging_args.append((level, js))
+    )
+    result = CliRunner().invoke(
+        cli.main,
+        ["worker", "--concurrency", "2", "--tool-timeout", "12"],
+        env={
+            "RUNLEDGER_DATABASE_URL": database_url,
+            "RUNLEDGER_FLOWS": "tests.integration.test_cli:ENV_FLOW",
+            "RUNLEDGER_WORKER_ID": "env-worker",
+            "RUNLEDGER_CONCURRENCY": "5",  # the flag wins
+            "RUNLEDGER_LEASE_SECONDS": "7",
+            "RUNLEDGER_POLL_SECONDS": "0.05",
+            "RUNLEDGER_GRACE_SECONDS": "1.5",
+            "RUNLEDGER_MAX_TURNS": "9",
+            "RUNLEDGER_LOG_LEVEL": "warning",
+            "RUNLEDGER_LOG_JSON": "true",
+        },
+    )
+    assert result.exit_code == 0, result.output
+    [w] = made
+    assert logging_args == [("WARNING", True)]
+    assert list(w.flows) == ["env-flow@1"]
+    assert (w.worker_id, w.concurrency, w.lease_seconds, w.poll_seconds, w.grace_seconds) == (
+        "env-worker",
+        2,
+        7.0,
+        0.05,
+        1.5,
+    )
+    assert (w.limits.max_turns, w.limits.tool_timeout, w.limits.max_calls) == (9, 12.0, 200)
+
+    # and that worker, run for real, holds its runs under those settings
+    running = RunningWorker(w)
+    try:
+        await running.started()
+        await db.submit("env-run", ENV_FLOW)
+        await db.wait_status("env-run", "succeeded")
+    finally:
+        await running.stop()
+    [claimed] = await db.events("env-run", "claimed")
+    assert claimed["actor"] == "env-worker"
+    lease = await db.rows(
+        "SELECT (detail->>'lease_expires_at')::timestamptz - at AS lease "
+        "FROM runledger.run_events WHERE run_id = %s AND kind = 'claimed'",
+        "env-run",
+    )
+    assert lease[0]["lease"].total_seconds() == 7.0

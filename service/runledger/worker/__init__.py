@@ -7,14 +7,51 @@ import importlib
 import json
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from runledger.config import Settings
 from runledger.flows import Flow
 from runledger.worker.executor import Limits
 from runledger.worker.process import Worker
 
-__all__ = ["Limits", "Worker", "configure_logging", "load_flows", "run_worker"]
+__all__ = [
+    "Limits",
+    "Worker",
+    "configure_logging",
+    "limits_from_settings",
+    "load_flows",
+    "run_worker",
+    "worker_from_settings",
+]
+
+
+def limits_from_settings(settings: Settings) -> Limits:
+    """The per-run budgets and timeouts of ``settings``."""
+    return Limits(
+        max_turns=settings.max_turns,
+        max_calls=settings.max_calls,
+        max_stalled_claims=settings.max_stalled_claims,
+        tool_timeout=settings.tool_timeout,
+        policy_timeout=settings.policy_timeout,
+    )
+
+
+def worker_from_settings(settings: Settings, flows: Sequence[Flow]) -> Worker:
+    """The worker that ``settings`` describe, for ``flows``.
+
+    Raises :class:`~runledger.errors.ConfigurationError` when no database URL is set.
+    """
+    return Worker(
+        database_url=settings.require_database_url(),
+        flows=flows,
+        worker_id=settings.worker_id,
+        concurrency=settings.concurrency,
+        lease_seconds=settings.lease_seconds,
+        poll_seconds=settings.poll_seconds,
+        grace_seconds=settings.grace_seconds,
+        limits=limits_from_settings(settings),
+    )
 
 
 def load_flows(specs: Iterable[str]) -> list[Flow]:
