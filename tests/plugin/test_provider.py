@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -74,3 +76,28 @@ def test_demo_provider_is_a_re_export() -> None:
 
     assert old.ProviderClient is new.ProviderClient
     assert old.FakeProvider is new.FakeProvider
+
+
+@pytest.mark.parametrize("module", ["runledger.testing.provider", "runledger.demo.provider"])
+def test_runs_as_a_module_without_warnings(module: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-W", "error", "-m", module, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("provider listening on http://127.0.0.1:"), (
+            line,
+            proc.stderr.read() if proc.poll() is not None and proc.stderr else "",
+        )
+        client = ProviderClient(line.rsplit(" ", 1)[1].strip(), timeout=10)
+        assert client.health()["ok"] is True
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()

@@ -12,8 +12,30 @@ This package never imports :mod:`runledger.demo` (the demo may use it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from runledger.testing.processes import ProviderProcess, WorkerPool, wait_for
-from runledger.testing.provider import FakeProvider, ProviderClient, ProviderError, make_server
+
+if TYPE_CHECKING:
+    from runledger.testing.provider import (
+        FakeProvider,
+        ProviderClient,
+        ProviderError,
+        make_server,
+    )
+
+# Imported on first use, so that ``python -m runledger.testing.provider`` does not find its
+# own module already imported by this package.
+_FROM_PROVIDER = frozenset({"FakeProvider", "ProviderClient", "ProviderError", "make_server"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_PROVIDER:
+        from runledger.testing import provider
+
+        return getattr(provider, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FakeProvider",

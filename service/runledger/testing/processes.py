@@ -14,12 +14,14 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from runledger.testing import provider as provider_module
-from runledger.testing.provider import ProviderClient
+if TYPE_CHECKING:
+    from runledger.testing.provider import ProviderClient
+
+PROVIDER_SCRIPT = Path(__file__).with_name("provider.py")
 
 T = TypeVar("T")
 
@@ -53,7 +55,7 @@ class ProviderProcess:
             "w+", prefix="runledger-provider-", delete=False
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-I", provider_module.__file__, "--port", "0"],
+            [sys.executable, "-u", "-I", str(PROVIDER_SCRIPT), "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
@@ -64,7 +66,9 @@ class ProviderProcess:
             self.proc.kill()
             raise RuntimeError(f"provider did not start: {line!r}")
         self.url = line.rsplit(" ", 1)[1].strip()
-        self.client = ProviderClient(self.url)
+        from runledger.testing.provider import ProviderClient
+
+        self.client: ProviderClient = ProviderClient(self.url)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
