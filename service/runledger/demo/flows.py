@@ -8,10 +8,8 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from runledger.demo.provider import ProviderClient
 from runledger.flows import (
     Flow,
     HistoryTurn,
@@ -21,13 +19,11 @@ from runledger.flows import (
     ToolCall,
     ToolContext,
 )
+from runledger.testing.provider import ProviderClient
 
 
 def provider() -> ProviderClient:
-    url = os.environ.get("RUNLEDGER_PROVIDER_URL")
-    if not url:
-        raise RuntimeError("RUNLEDGER_PROVIDER_URL is not set")
-    return ProviderClient(url)
+    return ProviderClient.from_env()
 
 
 # -- the README agent --------------------------------------------------------------

@@ -1,26 +1,38 @@
-"""The fixtures of runledger's pytest plugin (loaded through :mod:`runledger.testing`).
+"""The fixtures of runledger's pytest plugin (loaded with ``-p runledger.testing``).
 
-Fixtures:
+Every fixture is prefixed ``runledger_``:
 
 - ``runledger_server`` (session): a running PostgreSQL (see :mod:`runledger.testing.postgres`);
 - ``runledger_databases`` (session): the migrated template and per-test clones;
-- ``database_url``: a fresh migrated database for this test;
-- ``admin_conn``: a superuser psycopg connection to it (autocommit);
-- ``db_clock``: moves ``runledger.now()`` for every session of the test database;
-- ``store``: a :class:`runledger.db.store.Store` on it (async tests).
+- ``runledger_database_url``: a fresh migrated database for this test;
+- ``runledger_admin_conn``: a superuser psycopg connection to it (autocommit);
+- ``runledger_db_clock``: moves ``runledger.now()`` for every session of the test database;
+- ``runledger_store``: a :class:`runledger.db.store.Store` on it (async tests);
+- ``runledger_provider``: the gated fake provider in its own process;
+- ``runledger_flows``: the flows the workers load (``[]``; override it, or set
+  ``runledger_workers.flows``);
+- ``runledger_workers``: a :class:`~runledger.testing.processes.WorkerPool` of real
+  ``python -m runledger worker`` processes on the test database.
+
+The plugin needs pytest, pytest-asyncio and runledger's own dependencies, nothing more.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
 import pytest_asyncio
 
 from runledger.testing.postgres import Databases, Server, acquire_server
+from runledger.testing.processes import ProviderProcess, WorkerPool
+
+if TYPE_CHECKING:
+    from runledger.db.store import Store
 
 
 class DbClock:
@@ -52,6 +64,7 @@ class DbClock:
 
 @pytest.fixture(scope="session")
 def runledger_server() -> Iterator[Server]:
+    """A running PostgreSQL for the whole session (never a mock; fails, never skips)."""
     server = acquire_server()
     try:
         yield server
@@ -61,13 +74,15 @@ def runledger_server() -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def runledger_databases(runledger_server: Server) -> Databases:
+    """The migrated template database; ``.create()`` clones it."""
     dbs = Databases(runledger_server)
     dbs.ensure_template()
     return dbs
 
 
 @pytest.fixture
-def database_url(runledger_databases: Databases) -> Iterator[str]:
+def runledger_database_url(runledger_databases: Databases) -> Iterator[str]:
+    """A fresh database, migrated to head, for this test; dropped afterwards."""
     url = runledger_databases.create()
     try:
         yield url
@@ -76,21 +91,24 @@ def database_url(runledger_databases: Databases) -> Iterator[str]:
 
 
 @pytest.fixture
-def admin_conn(database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
+def runledger_admin_conn(runledger_database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A superuser connection (autocommit) to the test database."""
+    with psycopg.connect(runledger_database_url, autocommit=True) as conn:
         yield conn
 
 
 @pytest.fixture
-def db_clock(admin_conn: psycopg.Connection[Any]) -> DbClock:
-    return DbClock(admin_conn)
+def runledger_db_clock(runledger_admin_conn: psycopg.Connection[Any]) -> DbClock:
+    """Moves the database clock of the test database: ``advance(seconds)`` expires leases."""
+    return DbClock(runledger_admin_conn)
 
 
 @pytest_asyncio.fixture
-async def store(database_url: str) -> AsyncIterator[Any]:
+async def runledger_store(runledger_database_url: str) -> AsyncIterator[Store]:
+    """A :class:`runledger.db.store.Store` on the test database (async tests)."""
     from runledger.db.store import Store
 
-    s = await Store.connect(database_url, max_size=8)
+    s = await Store.connect(runledger_database_url, max_size=8)
     try:
         yield s
     finally:
@@ -98,10 +116,8 @@ async def store(database_url: str) -> AsyncIterator[Any]:
 
 
 @pytest.fixture
-def provider() -> Iterator[Any]:
-    """The fake provider in its own process; ``.client`` talks to it, ``.url`` is its address."""
-    from runledger.testing.processes import ProviderProcess
-
+def runledger_provider() -> Iterator[ProviderProcess]:
+    """The gated fake provider in its own process: ``.client`` talks to it, ``.url`` is it."""
     p = ProviderProcess()
     try:
         yield p
@@ -110,19 +126,37 @@ def provider() -> Iterator[Any]:
 
 
 @pytest.fixture
-def workers(database_url: str, provider: Any) -> Iterator[Any]:
-    """A :class:`~runledger.testing.processes.WorkerPool` for the demo flows.
+def runledger_flows() -> list[str]:
+    """``package.module:attribute`` specs the workers load; override it in your conftest."""
+    return []
 
-    Start workers with ``workers.start(n)``; override the flows with
-    ``workers.flows = ["myapp.flows:flow"]`` before starting.
+
+@pytest.fixture
+def runledger_workers(
+    request: pytest.FixtureRequest, runledger_database_url: str, runledger_flows: list[str]
+) -> Iterator[WorkerPool]:
+    """Real ``python -m runledger worker`` processes on the test database.
+
+    Start them with ``runledger_workers.start(n, args=[...])``; the flows come from
+    ``runledger_flows`` or ``runledger_workers.flows = ["myapp.flows:flow"]`` set before
+    starting. When the test uses ``runledger_provider``, the workers get
+    ``RUNLEDGER_PROVIDER_URL``. The test's directory and the rootdir are put on the
+    workers' ``PYTHONPATH`` so they can import a flow module that sits beside the test.
     """
-    from runledger.testing.processes import WorkerPool
-
+    env: dict[str, str] = {}
+    if "runledger_provider" in request.fixturenames:
+        provider: ProviderProcess = request.getfixturevalue("runledger_provider")
+        env["RUNLEDGER_PROVIDER_URL"] = provider.url
+    paths = [str(request.path.parent), str(request.config.rootpath)]
+    if os.environ.get("PYTHONPATH"):
+        paths.append(os.environ["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     pool = WorkerPool(
-        database_url,
-        ["runledger.demo.flows:flows"],
-        env={"RUNLEDGER_PROVIDER_URL": provider.url},
+        runledger_database_url,
+        list(runledger_flows),
+        env=env,
         args=["--poll-seconds", "0.2"],
+        cwd=str(request.config.invocation_params.dir),
     )
     try:
         yield pool

@@ -14,9 +14,14 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from runledger.demo.provider import ProviderClient
+import psycopg
+
+if TYPE_CHECKING:
+    from runledger.testing.provider import ProviderClient
+
+PROVIDER_SCRIPT = Path(__file__).with_name("provider.py")
 
 T = TypeVar("T")
 
@@ -39,14 +44,18 @@ def wait_for(
 
 
 class ProviderProcess:
-    """``python -m runledger.demo.provider`` on a free port."""
+    """The fake provider (:mod:`runledger.testing.provider`) in its own process, on a free port.
+
+    It runs the module's file as a script: it needs only the standard library, and that
+    skips importing runledger (a second off every test that starts one).
+    """
 
     def __init__(self) -> None:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
             "w+", prefix="runledger-provider-", delete=False
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "runledger.demo.provider", "--port", "0"],
+            [sys.executable, "-u", "-I", str(PROVIDER_SCRIPT), "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
@@ -57,7 +66,9 @@ class ProviderProcess:
             self.proc.kill()
             raise RuntimeError(f"provider did not start: {line!r}")
         self.url = line.rsplit(" ", 1)[1].strip()
-        self.client = ProviderClient(self.url)
+        from runledger.testing.provider import ProviderClient
+
+        self.client: ProviderClient = ProviderClient(self.url)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -75,7 +86,8 @@ class WorkerPool:
 
     ``kill(i)`` SIGKILL, ``stop(i)`` SIGSTOP, ``cont(i)`` SIGCONT, ``terminate(i)``
     SIGTERM, ``restart(i)`` starts worker *i* again (same worker id). Each worker's
-    stderr goes to a log file (``log(i)``).
+    stderr goes to a log file (``log(i)``). ``holder(run_id)`` is the index of the
+    worker holding a run's lease, ``kill_holder(run_id)`` SIGKILLs it.
     """
 
     def __init__(
@@ -105,6 +117,11 @@ class WorkerPool:
         self, n: int = 1, *, env: dict[str, str] | None = None, args: Sequence[str] = ()
     ) -> list[int]:
         """Start ``n`` more workers; returns their indexes."""
+        if not self.flows:
+            raise ValueError(
+                "no flows for the workers: set pool.flows = ['myapp.flows:flow'] "
+                "(or override the runledger_flows fixture) before starting them"
+            )
         started = []
         for _ in range(n):
             i = len(self.procs)
@@ -172,6 +189,55 @@ class WorkerPool:
         if env is not None:
             self.extra_env[i] = dict(env)
         self.procs[i] = self._spawn(i)
+
+    def holder(
+        self,
+        run_id: str,
+        conn: psycopg.Connection[Any] | str | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> int:
+        """The index of the live worker of this pool that holds ``run_id``.
+
+        Waits (up to ``timeout`` s) until the run is ``running`` with ``runs.lease_owner``
+        the id of one of this pool's workers that is still alive. ``conn`` is a psycopg
+        connection or a URL; by default the pool's database.
+        """
+        by_id = {self.worker_id(i): i for i in range(len(self.procs))}
+
+        def current(c: psycopg.Connection[Any]) -> int | None:
+            row = c.execute(
+                "SELECT lease_owner FROM runledger.runs WHERE run_id = %s AND status = 'running'",
+                (run_id,),
+            ).fetchone()
+            i = by_id.get(str(row[0])) if row and row[0] is not None else None
+            return i if i is not None and self.alive(i) else None
+
+        def find(c: psycopg.Connection[Any]) -> int:
+            def held() -> tuple[int, ...]:
+                i = current(c)
+                return () if i is None else (i,)  # a tuple: worker 0 is truthy too
+
+            return wait_for(
+                held, timeout=timeout, what=f"a live worker of this pool holding run {run_id}"
+            )[0]
+
+        if isinstance(conn, psycopg.Connection):
+            return find(conn)
+        with psycopg.connect(conn or self.database_url, autocommit=True) as c:
+            return find(c)
+
+    def kill_holder(
+        self,
+        run_id: str,
+        conn: psycopg.Connection[Any] | str | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> int:
+        """SIGKILL the worker holding ``run_id`` (see :meth:`holder`); returns its index."""
+        i = self.holder(run_id, conn, timeout=timeout)
+        self.kill(i)
+        return i
 
     def log(self, i: int) -> str:
         return self.logs[i].read_text(errors="replace") if self.logs[i].exists() else ""
