@@ -21,7 +21,7 @@ here, nothing asynchronous, no clock: every row is a unit test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -115,7 +115,7 @@ class Complete:
     ``planned`` (the same key is sent again); ``failed`` is final."""
 
     outcome: Outcome
-    error: dict[str, Any] | None = field(default=None, compare=True)
+    error: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
