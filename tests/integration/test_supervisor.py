@@ -5,7 +5,9 @@
   its runs are cancelled locally and handed back, nothing more is claimed, and
   ``Worker.run`` raises ``WorkerFailed``.
 - An unexpected error inside the executor (a bug, the database gone) releases the
-  lease at once instead of leaving the run stuck until the lease expires.
+  lease at once instead of leaving the run stuck until the lease expires. (Once
+  ``Store.release_lease(..., reason=, error=)`` is merged, also assert the
+  ``lease_released`` event's detail ``{"reason": "worker_error", "error": ...}``.)
 """
 
 from __future__ import annotations

@@ -118,7 +118,8 @@ class Writes:
             )
         except TypeError:
             # a Store without release_lease(..., reason, error) yet: release without
-            # the detail rather than leave the lease to expire
+            # the detail rather than leave the lease to expire. Remove once the
+            # overload is merged (the 3-argument form undoes the claim's stall count)
             aw = self.store.release_lease(run_id, lease_id, fencing_token)
         return aw
 
