@@ -1,6 +1,9 @@
 """Crash points for tests: the worker SIGKILLs itself at a named point.
 
-TEST ONLY. ``RUNLEDGER_CRASH_AT`` holds comma-separated specs ``point[:tool[:n]]``:
+TEST ONLY: ``RUNLEDGER_CRASH_AT`` is honoured only when ``RUNLEDGER_TESTING=1`` is set
+too (the test harness's worker pool sets it); without it the worker ignores crash
+points and logs one warning at startup. ``RUNLEDGER_CRASH_AT`` holds comma-separated
+specs ``point[:tool[:n]]``:
 kill at ``point`` (``before_dispatch``, ``after_dispatch``, ``after_effect`` -- the
 tool returned, before ``complete_call`` -- or ``after_complete``), optionally only for
 ``tool`` and only at its ``n``-th occurrence in this process (default: the first).
@@ -8,12 +11,17 @@ tool returned, before ``complete_call`` -- or ``after_complete``), optionally on
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 POINTS = ("before_dispatch", "after_dispatch", "after_effect", "after_complete")
 ENV = "RUNLEDGER_CRASH_AT"
+TESTING_ENV = "RUNLEDGER_TESTING"
 
 
 @dataclass(slots=True)
@@ -38,8 +46,18 @@ class CrashPoints:
             self.specs.append(_Spec(point=point, tool=tool or None, nth=int(nth or 1)))
 
     @classmethod
-    def from_env(cls) -> CrashPoints:
-        return cls(os.environ.get(ENV))
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CrashPoints:
+        """The crash points of ``RUNLEDGER_CRASH_AT``, if ``RUNLEDGER_TESTING=1``; else none."""
+        env = os.environ if environ is None else environ
+        spec = env.get(ENV, "").strip()
+        if spec and env.get(TESTING_ENV) != "1":
+            log.warning("%s is set but %s=1 is not: crash points are ignored", ENV, TESTING_ENV)
+            return cls(None)
+        return cls(spec or None)
+
+    @property
+    def armed(self) -> bool:
+        return bool(self.specs)
 
     def hit(self, point: str, tool: str) -> None:
         for spec in self.specs:

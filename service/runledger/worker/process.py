@@ -7,6 +7,12 @@
   is measured from when the renew request was *sent*, minus a margin, so the worker
   stops trusting a lease before the database does;
 - listener: its own connection; when it dies, polling goes on and it reconnects;
+- supervisor: the lease keeper, the watchdog and the listener run in one task group.
+  Each survives what the database may do to it (refusals, lost connections,
+  timeouts); an unexpected exception -- a bug -- would silently cost the worker its
+  self-fencing, so instead the whole worker stops: every run is cancelled locally,
+  nothing more is claimed, the leases that can be are handed back, and
+  :meth:`Worker.run` raises :class:`WorkerFailed` (the process exits non-zero);
 - SIGTERM/SIGINT: stop claiming, let in-flight calls finish within the grace period,
   release the leases of unfinished runs. A second signal exits at once.
 """
@@ -23,10 +29,12 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import psycopg
 
+from runledger import errors
 from runledger.config import default
 from runledger.db.store import Store
 from runledger.flows import Flow
@@ -36,6 +44,25 @@ from runledger.worker.executor import ActiveRun, Executor, Limits
 log = logging.getLogger(__name__)
 
 CHANNEL = "runledger_runs"
+
+# what a helper task survives and retries: the database refused, went away or was slow
+EXPECTED = (errors.RunLedgerError, psycopg.Error, OSError, TimeoutError)
+
+
+class WorkerFailed(RuntimeError):
+    """An internal task of the worker (lease keeper, watchdog, listener) died: the worker
+    stopped, fencing all its runs."""
+
+    def __init__(self, task: str, error: BaseException) -> None:
+        super().__init__(f"internal task {task} died: {error!r}")
+        self.task = task
+        self.error = error
+
+
+def _first(group: BaseExceptionGroup[WorkerFailed]) -> WorkerFailed:
+    """The first helper that died (the others were cancelled by the task group)."""
+    first = group.exceptions[0]
+    return first if isinstance(first, WorkerFailed) else _first(first)
 
 
 def default_worker_id() -> str:
@@ -105,16 +132,20 @@ class Worker:
                 max_workers=self.concurrency + 4, thread_name_prefix="runledger-tool"
             )
         )
-        self.store = await Store.connect(
+        store = await Store.connect(
             self.database_url,
             min_size=1,
             max_size=self.concurrency + 3,
             application_name=f"runledger-worker:{self.worker_id}",
         )
-        store = self.store
-        await store.register_worker(
-            self.worker_id, socket.gethostname(), os.getpid(), sorted(self.flows)
-        )
+        try:
+            await store.register_worker(
+                self.worker_id, socket.gethostname(), os.getpid(), sorted(self.flows)
+            )
+        except BaseException:
+            await store.close()
+            raise
+        self.store = store  # set once registered: callers wait on it
         log.info(
             "worker started",
             extra={
@@ -126,24 +157,86 @@ class Worker:
         executor = self.executor = Executor(
             store, self.flows, worker_id=self.worker_id, limits=self.limits, crash=self.crash
         )
-        helpers = [
-            asyncio.create_task(self._keeper(), name="lease-keeper"),
-            asyncio.create_task(self._watchdog(), name="watchdog"),
-            asyncio.create_task(self._listener(), name="listener"),
-        ]
+        failure: WorkerFailed | None = None
         try:
-            await self._claimer(executor)
-            await self._drain()
+            failure = await self._supervise(executor)
+            if failure is not None:
+                await self._fence_all()
         finally:
-            for t in helpers:
-                t.cancel()
-            for t in helpers:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
             with contextlib.suppress(Exception):
                 await store.heartbeat_worker(self.worker_id, stopped=True)
             await store.close()
             log.info("worker stopped", extra={"worker_id": self.worker_id})
+        if failure is not None:
+            raise failure
+
+    async def _supervise(self, executor: Executor) -> WorkerFailed | None:
+        """Claim and drain with the helpers in one task group. A helper that dies takes
+        the claimer down with it; returns that failure (None after a normal stop)."""
+        failure: WorkerFailed | None = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                helpers = [
+                    tg.create_task(self._guard("lease-keeper", self._keeper())),
+                    tg.create_task(self._guard("watchdog", self._watchdog())),
+                    tg.create_task(self._guard("listener", self._listener())),
+                ]
+                await self._claimer(executor)
+                await self._drain()
+                for t in helpers:
+                    t.cancel()
+        except* WorkerFailed as group:
+            failure = _first(group)
+            log.critical(
+                "worker stopping: internal task %s died (%r); fencing every run",
+                failure.task,
+                failure.error,
+                exc_info=failure.error,
+                extra={
+                    "worker_id": self.worker_id,
+                    "task": failure.task,
+                    "runs": sorted(self.active),
+                },
+            )
+        return failure
+
+    async def _guard(self, name: str, helper: Coroutine[Any, Any, None]) -> None:
+        """Run one helper; what it did not expect becomes the worker's failure."""
+        try:
+            await helper
+        except Exception as exc:
+            raise WorkerFailed(name, exc) from exc
+
+    async def _fence_all(self) -> None:
+        """After a helper died: stop every run now and hand back what can be handed back."""
+        self.stopping.set()
+        for a in self.active.values():
+            a.draining = True
+        leftovers = list(self.active.values())
+        for a in leftovers:
+            self._fence(a, "the worker is stopping after an internal failure")
+        await self._hand_back(leftovers)
+
+    async def _hand_back(self, leftovers: list[ActiveRun]) -> None:
+        """Wait for the (cancelled) tasks of ``leftovers``, let their writes and tool
+        results land, then release each lease no tool thread still works under."""
+        for a in leftovers:
+            if a.task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await a.task
+        # writes already sent and results of tool threads still running: let them land
+        # before handing runs back, so a late receipt is journaled, not lost
+        await self.executor.settle(timeout=max(1.0, min(self.grace_seconds, 10.0)))
+        for a in leftovers:
+            if self.executor.busy(a.run_id):
+                log.warning(
+                    "a tool thread is still running: leaving the lease to expire",
+                    extra={"run_id": a.run_id, "worker_id": self.worker_id},
+                )
+                continue
+            with contextlib.suppress(Exception):
+                assert self.store is not None
+                await self.store.release_lease(a.run_id, a.claim.lease_id, a.claim.fencing_token)
 
     async def _drain(self) -> None:
         for a in self.active.values():
@@ -155,24 +248,7 @@ class Worker:
             for a in leftovers:
                 assert a.task is not None
                 a.task.cancel()
-            for a in leftovers:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await a.task  # type: ignore[misc]
-            # writes already sent and results of tool threads still running: let them land
-            # before handing runs back, so a late receipt is journaled, not lost
-            await self.executor.settle(timeout=max(1.0, min(self.grace_seconds, 10.0)))
-            for a in leftovers:
-                if self.executor.busy(a.run_id):
-                    log.warning(
-                        "a tool thread is still running: leaving the lease to expire",
-                        extra={"run_id": a.run_id, "worker_id": self.worker_id},
-                    )
-                    continue
-                with contextlib.suppress(Exception):
-                    assert self.store is not None
-                    await self.store.release_lease(
-                        a.run_id, a.claim.lease_id, a.claim.fencing_token
-                    )
+            await self._hand_back(leftovers)
         await self.executor.settle(timeout=1.0)
 
     # -- claimer -----------------------------------------------------------------------
@@ -252,7 +328,7 @@ class Worker:
                         elif self.active.get(a.run_id) is a:  # not one that just finished
                             self._fence(a, "lease not renewed")
                 await asyncio.wait_for(self.store.heartbeat_worker(self.worker_id), interval)
-            except Exception:
+            except EXPECTED:  # the watchdog fences meanwhile; anything else is a bug
                 log.exception("lease renewal failed", extra={"worker_id": self.worker_id})
 
     async def _watchdog(self) -> None:
@@ -297,9 +373,7 @@ class Worker:
                     async for note in conn.notifies():
                         if note.payload in self.flows:
                             self.wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+            except EXPECTED as exc:
                 log.warning(
                     "listener lost, polling meanwhile",
                     extra={"worker_id": self.worker_id, "error": repr(exc)},

@@ -22,14 +22,6 @@ class LocalLeaseExpired(Exception):
     """The lease may have expired by the local clock: start nothing more (self-fencing)."""
 
 
-class Paused(Exception):
-    """A call ended ``unknown``: the run pauses for a person."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
     max_turns: int = default("max_turns")
@@ -96,8 +88,4 @@ def error_of(exc: BaseException) -> dict[str, Any]:
 
 
 class PolicyFailed(Exception):
-    pass
-
-
-class MissingTool(Exception):
-    pass
+    """The policy raised on every attempt; the run fails as ``policy_error``."""

@@ -1,0 +1,249 @@
+"""One loop per call: ask :func:`~runledger.worker.recovery.next_step`, carry the step
+out, feed back what happened, until the call settles.
+
+The loop is the only place that touches the tool, the provider's lookup and the
+journal for a call; every decision is in :mod:`runledger.worker.recovery`. A call
+settles to :class:`Settled` -- a paused run is a value, not an exception. Fencing
+(``Draining``, ``LocalLeaseExpired``, ``LeaseLost``, cancellation) still unwinds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import time
+from enum import Enum
+from typing import Any
+
+from runledger import errors
+from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke
+from runledger.model import Call, Outcome
+from runledger.worker import recovery
+from runledger.worker.crash import CrashPoints
+from runledger.worker.recovery import Known, LookedUp, Window
+from runledger.worker.runs import (
+    ActiveRun,
+    Backoff,
+    Draining,
+    Limits,
+    LocalLeaseExpired,
+    error_of,
+    jsonable,
+    unpack,
+)
+from runledger.worker.writes import Writes
+
+log = logging.getLogger(__name__)
+
+
+class Settled(Enum):
+    """How one call ended for this holder."""
+
+    DONE = "done"  # succeeded or failed, journaled
+    PAUSED = "paused"  # unknown: the run pauses for a person
+    TOOL_MISSING = "tool_missing"  # planned, and this code has no such tool
+
+
+def check_deadline(active: ActiveRun) -> None:
+    if time.monotonic() >= active.deadline:
+        raise LocalLeaseExpired(active.run_id)
+
+
+def check_boundary(active: ActiveRun) -> None:
+    check_deadline(active)
+    if active.draining:
+        raise Draining(active.run_id)
+
+
+class Calls:
+    def __init__(self, writes: Writes, *, limits: Limits, crash: CrashPoints) -> None:
+        self.writes = writes
+        self.limits = limits
+        self.crash = crash
+
+    async def settle(self, active: ActiveRun, flow: Flow, call: Call) -> Settled:
+        """Bring one call to succeeded or failed, or to unknown (paused)."""
+        tool = flow.tools.get(call.tool)
+        known = Known(
+            window=recovery.window_of(call.status),
+            safety=tool.safety if tool is not None else None,
+            tool=call.tool,
+            max_attempts=tool.max_attempts if tool is not None else 1,
+            attempts=call.attempts,
+        )
+        if known.window is Window.IN_FLIGHT:
+            log.info(
+                "recovering in-flight call",
+                extra={
+                    "run_id": active.run_id,
+                    "key": call.idempotency_key,
+                    "safety": str(known.safety),
+                    "fencing_token": active.claim.fencing_token,
+                },
+            )
+        attempt = call.attempts  # the attempt number the tool and its lookup see
+        in_hand: tuple[Any, dict[str, Any] | None] = (None, None)  # result, receipt
+        sends = Backoff(self.limits)
+        asks = Backoff(self.limits)
+        while True:
+            step = recovery.next_step(known)
+            match step:
+                case recovery.Reuse():
+                    return Settled.DONE
+                case recovery.Pause():
+                    return Settled.PAUSED
+                case recovery.ToolMissing():
+                    return Settled.TOOL_MISSING
+                case recovery.MarkUnknown(error=error):
+                    await self.writes.complete(active, call, Outcome.UNKNOWN, error, None)
+                    return Settled.PAUSED
+                case recovery.Complete(outcome=outcome, error=error):
+                    if outcome is Outcome.SUCCEEDED:
+                        result, receipt = in_hand
+                        await self.writes.complete(active, call, outcome, result, receipt)
+                        if known.window is Window.RETURNED:
+                            assert tool is not None
+                            self.crash.hit("after_complete", tool.name)
+                        return Settled.DONE
+                    await self.writes.complete(active, call, outcome, error, None)
+                    if outcome is Outcome.NOT_APPLIED:  # back to planned, same key
+                        known = dataclasses.replace(known, window=Window.PLANNED)
+                        continue
+                    return Settled.DONE
+                case recovery.Lookup(backoff=wait):
+                    assert tool is not None
+                    if wait:
+                        await asks.sleep()
+                    else:
+                        asks = Backoff(self.limits)
+                    known, in_hand = await self._lookup(active, tool, call, attempt, known)
+                case recovery.Dispatch(backoff=wait):
+                    assert tool is not None
+                    if wait:
+                        await sends.sleep()
+                    attempt, known, in_hand = await self._send(active, tool, call, known)
+
+    async def _send(
+        self, active: ActiveRun, tool: Tool[Any], call: Call, known: Known
+    ) -> tuple[int, Known, tuple[Any, dict[str, Any] | None]]:
+        """``dispatch_call`` (committed before the tool runs), then invoke the tool."""
+        c = active.claim
+        check_boundary(active)
+        self.crash.hit("before_dispatch", tool.name)
+        attempt = await self.writes.write(
+            active,
+            "dispatch_call",
+            self.writes.store.dispatch_call(
+                c.run_id, c.lease_id, c.fencing_token, call.idempotency_key
+            ),
+        )
+        self.crash.hit("after_dispatch", tool.name)
+        check_deadline(active)  # no call starts after the local deadline
+        sent = dataclasses.replace(
+            known,
+            tries=known.tries + 1,
+            looked_up=LookedUp.NOT_ASKED,
+            lookups_failed=0,
+            lookup_error=None,
+        )
+        ctx = self._tool_ctx(active, call, attempt)
+        timeout = tool.timeout or self.limits.tool_timeout
+        work = asyncio.ensure_future(invoke(tool.fn, (ctx,), call.args, timeout=timeout))
+        try:
+            value = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            self._abandon(active, tool, call, work)
+            raise
+        except NotApplied as na:
+            return (
+                attempt,
+                dataclasses.replace(
+                    sent, window=Window.NOT_APPLIED, reason=na.reason, retry=na.retry
+                ),
+                (None, None),
+            )
+        except Exception as exc:  # includes TimeoutError: ambiguous, like a crash
+            log.warning(
+                "tool call ambiguous",
+                extra={
+                    "run_id": c.run_id,
+                    "key": call.idempotency_key,
+                    "attempt": attempt,
+                    "error": repr(exc),
+                },
+            )
+            return (
+                attempt,
+                dataclasses.replace(sent, window=Window.AMBIGUOUS, error=error_of(exc)),
+                (None, None),
+            )
+        self.crash.hit("after_effect", tool.name)
+        return attempt, dataclasses.replace(sent, window=Window.RETURNED), unpack(value)
+
+    async def _lookup(
+        self, active: ActiveRun, tool: Tool[Any], call: Call, attempt: int, known: Known
+    ) -> tuple[Known, tuple[Any, dict[str, Any] | None]]:
+        """Ask the provider whether the key took effect; its answer is the receipt."""
+        assert tool.lookup_fn is not None
+        ctx = self._tool_ctx(active, call, attempt)
+        timeout = tool.timeout or self.limits.tool_timeout
+        try:
+            found = await invoke(tool.lookup_fn, (ctx,), timeout=timeout)
+        except Exception as exc:
+            failed = dataclasses.replace(
+                known,
+                looked_up=LookedUp.FAILED,
+                lookups_failed=known.lookups_failed + 1,
+                lookup_error=error_of(exc),
+            )
+            return failed, (None, None)
+        if found is None:
+            return dataclasses.replace(known, looked_up=LookedUp.NOT_FOUND), (None, None)
+        receipt = jsonable(found)
+        if not isinstance(receipt, dict):
+            receipt = {"value": receipt}
+        return dataclasses.replace(known, looked_up=LookedUp.FOUND), (receipt, receipt)
+
+    def _tool_ctx(self, active: ActiveRun, call: Call, attempt: int) -> ToolContext:
+        c = active.claim
+        return ToolContext(
+            run_id=c.run_id,
+            flow=f"{c.flow}@{c.flow_version}",
+            turn=call.turn,
+            call_id=call.call_id,
+            tool=call.tool,
+            idempotency_key=call.idempotency_key,
+            fencing_token=c.fencing_token,
+            attempt=attempt,
+            lease_deadline=lambda: active.deadline,
+        )
+
+    def _abandon(
+        self, active: ActiveRun, tool: Tool[Any], call: Call, work: asyncio.Future[Any]
+    ) -> None:
+        """The run was fenced locally while its tool was running.
+
+        An async tool is cancelled. A plain ``def`` tool cannot be stopped (it runs in a
+        thread): when it returns, its result is offered to the database anyway, which
+        accepts it only if this lease is still current, and otherwise refuses it -- the
+        refusal is recorded as a ``stale_write_rejected`` event.
+        """
+        if inspect.iscoroutinefunction(tool.fn):
+            work.cancel()
+            return
+        self.writes.track(active, self._late_result(active, call, work))
+
+    async def _late_result(self, active: ActiveRun, call: Call, work: asyncio.Future[Any]) -> None:
+        try:
+            value = await work
+        except BaseException:
+            return  # ambiguous or cancelled: the next holder recovers the call
+        result, receipt = unpack(value)
+        try:
+            await self.writes.complete(active, call, Outcome.SUCCEEDED, result, receipt)
+        except errors.LeaseLost as exc:
+            await self.writes.report_stale(active, exc)
+        except Exception:
+            log.exception("late result not recorded", extra={"run_id": active.run_id})

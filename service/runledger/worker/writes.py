@@ -1,0 +1,158 @@
+"""The writes of a held lease: sent once, never cut off midway, refusals recorded.
+
+Every journal write of a run goes through :meth:`Writes.write`. Once sent, the
+database decides: if the run is fenced locally meanwhile (its task cancelled), the
+write keeps going in the background, and a refusal (``LeaseLost``) is still recorded
+as a ``stale_write_rejected`` event in its own transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+from runledger import errors
+from runledger.db.store import Store
+from runledger.model import Call, FinishStatus, Outcome
+from runledger.worker.runs import ActiveRun
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Writes:
+    def __init__(self, store: Store, *, worker_id: str) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self._late: set[asyncio.Task[Any]] = set()
+
+    async def write(self, active: ActiveRun, operation: str, coro: Coroutine[Any, Any, T]) -> T:
+        """Send one write of this run's lease and wait for the database's answer."""
+        active.operation = operation
+        task = asyncio.ensure_future(coro)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: self._after_fenced_write(active, t))
+            self.track(active, task)
+            raise
+
+    def _after_fenced_write(self, active: ActiveRun, task: asyncio.Future[Any]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if isinstance(exc, errors.LeaseLost):
+            self.track(active, self.report_stale(active, exc))
+
+    async def complete(
+        self,
+        active: ActiveRun,
+        call: Call,
+        outcome: Outcome,
+        result: Any,
+        receipt: dict[str, Any] | None,
+    ) -> None:
+        c = active.claim
+        await self.write(
+            active,
+            "complete_call",
+            self.store.complete_call(
+                c.run_id,
+                c.lease_id,
+                c.fencing_token,
+                call.idempotency_key,
+                outcome,
+                result,
+                receipt,
+            ),
+        )
+
+    async def finish(
+        self, active: ActiveRun, status: FinishStatus, result: Any, reason: str | None
+    ) -> None:
+        c = active.claim
+        await self.write(
+            active,
+            "finish_run",
+            self.store.finish_run(c.run_id, c.lease_id, c.fencing_token, status, result, reason),
+        )
+        log.info(
+            "run finished",
+            extra={
+                "run_id": c.run_id,
+                "worker_id": self.worker_id,
+                "fencing_token": c.fencing_token,
+                "status": str(status),
+                "reason": reason,
+            },
+        )
+
+    async def release(
+        self, active: ActiveRun, *, reason: str | None = None, error: dict[str, Any] | None = None
+    ) -> None:
+        """Hand the run back (queued); ``reason``/``error`` go into its ``lease_released``
+        event. A refusal (the lease is gone already) is recorded, not raised."""
+        c = active.claim
+        try:
+            await self._release_call(c.run_id, c.lease_id, c.fencing_token, reason, error)
+        except errors.LeaseLost as exc:
+            await self.report_stale(active, exc)
+
+    def _release_call(
+        self,
+        run_id: str,
+        lease_id: Any,
+        fencing_token: int,
+        reason: str | None,
+        error: dict[str, Any] | None,
+    ) -> Awaitable[None]:
+        if reason is None and error is None:
+            return self.store.release_lease(run_id, lease_id, fencing_token)
+        release: Any = self.store.release_lease
+        try:
+            aw: Awaitable[None] = release(
+                run_id, lease_id, fencing_token, reason=reason, error=error
+            )
+        except TypeError:
+            # a Store without release_lease(..., reason, error) yet: release without
+            # the detail rather than leave the lease to expire. Remove once the
+            # overload is merged (the 3-argument form undoes the claim's stall count)
+            aw = self.store.release_lease(run_id, lease_id, fencing_token)
+        return aw
+
+    async def report_stale(self, active: ActiveRun, exc: errors.LeaseLost) -> None:
+        """Record the refusal in its own transaction; shielded from the run's cancellation."""
+        try:
+            await asyncio.shield(
+                self.store.report_stale_write(
+                    active.run_id,
+                    self.worker_id,
+                    active.claim.lease_id,
+                    active.claim.fencing_token,
+                    active.operation,
+                    str(exc),
+                )
+            )
+        except Exception:
+            log.exception("could not record the refused write", extra={"run_id": active.run_id})
+
+    # -- background work of a fenced run -----------------------------------------------
+
+    def track(self, active: ActiveRun, aw: Awaitable[Any]) -> None:
+        """Keep a background task of this run (a tool thread's result, a write in flight)."""
+        task = asyncio.ensure_future(aw)
+        task.set_name(f"late:{active.run_id}")
+        self._late.add(task)
+        task.add_done_callback(self._late.discard)
+
+    def busy(self, run_id: str) -> bool:
+        """Whether a tool thread or a write of this run is still in flight."""
+        return any(t.get_name() == f"late:{run_id}" and not t.done() for t in self._late)
+
+    async def settle(self, timeout: float) -> None:
+        """Give background results and writes up to ``timeout`` s to reach the database."""
+        if self._late:
+            await asyncio.wait(set(self._late), timeout=timeout)

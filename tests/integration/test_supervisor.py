@@ -1,0 +1,202 @@
+"""The worker's internals are supervised, and its catch-all hands runs back.
+
+- A lease keeper or listener that dies of an unexpected exception stops the whole
+  worker (before, the task died silently and the worker went on without self-fencing):
+  its runs are cancelled locally and handed back, nothing more is claimed, and
+  ``Worker.run`` raises ``WorkerFailed``.
+- An unexpected error inside the executor (a bug, the database gone) releases the
+  lease at once instead of leaving the run stuck until the lease expires. (Once
+  ``Store.release_lease(..., reason=, error=)`` is merged, also assert the
+  ``lease_released`` event's detail ``{"reason": "worker_error", "error": ...}``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from runledger.flows import Flow, ToolCall
+from runledger.worker.crash import CrashPoints
+from runledger.worker.process import Worker, WorkerFailed
+from tests.integration.conftest import FAST, Db, Recorder, StartWorker, eventually
+
+
+def _gated_flow(rec: Recorder, gate: asyncio.Event, cancelled: list[str]) -> Flow:
+    flow = Flow("supervised", "1")
+
+    @flow.tool(safety="idempotent")
+    async def act(ctx: Any) -> dict[str, Any]:
+        rec.tool(ctx)
+        try:
+            if ctx.attempt == 1:
+                await gate.wait()
+        except asyncio.CancelledError:
+            cancelled.append(ctx.idempotency_key)
+            raise
+        return {"attempt": ctx.attempt}
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        rec.policy(ctx, history)
+        return [] if history else [ToolCall("act", {})]
+
+    return flow
+
+
+def _once(error: BaseException, then: Callable[..., Any]) -> Callable[..., Any]:
+    """A stand-in that raises ``error`` on its first call, then behaves as ``then``."""
+    calls = 0
+
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise error
+        return then(*args, **kwargs)
+
+    return stand_in
+
+
+OwnWorker = Callable[[Flow], tuple[Worker, asyncio.Task[None]]]
+
+
+@pytest_asyncio.fixture
+async def own_worker(database_url: str) -> AsyncIterator[OwnWorker]:
+    """A Worker run as a task that the test expects to fail (the harness's fixture
+    would report its WorkerFailed at teardown)."""
+    tasks: list[asyncio.Task[None]] = []
+
+    def make(flow: Flow) -> tuple[Worker, asyncio.Task[None]]:
+        w = Worker(
+            database_url=database_url,
+            flows=[flow],
+            worker_id="doomed",
+            limits=FAST,
+            crash=CrashPoints(None),
+            poll_seconds=0.05,
+            lease_seconds=3.0,  # the keeper renews every second
+            grace_seconds=2.0,
+        )
+        task = asyncio.create_task(w.run(), name="doomed")
+        tasks.append(task)
+        return w, task
+
+    yield make
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+        with contextlib.suppress(BaseException):
+            await t
+
+
+async def test_a_dead_lease_keeper_stops_the_worker_and_fences_its_runs(
+    db: Db,
+    own_worker: OwnWorker,
+    start_worker: StartWorker,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rec, gate, cancelled = Recorder(), asyncio.Event(), []
+    flow = _gated_flow(rec, gate, cancelled)
+    w, task = own_worker(flow)
+    await eventually(lambda: w.store is not None, what="worker start")
+    await db.submit("sup-1", flow)
+    await eventually(lambda: rec.calls_of("act"), what="the call in flight")
+
+    assert w.store is not None
+    store = w.store
+    with caplog.at_level(logging.CRITICAL, logger="runledger.worker.process"):
+        w.store.renew_leases = _once(  # type: ignore[method-assign]
+            RuntimeError("bug in the keeper"), store.renew_leases
+        )
+        await eventually(task.done, what="the worker to stop")
+
+    with pytest.raises(WorkerFailed) as failed:
+        task.result()
+    assert failed.value.task == "lease-keeper"
+    assert isinstance(failed.value.error, RuntimeError)
+    [line] = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert "lease-keeper" in line.getMessage() and "bug in the keeper" in line.getMessage()
+
+    # the run was fenced locally (its tool cancelled) and handed back, not advanced
+    assert cancelled == ["sup-1:0:c0"]
+    run = await db.run("sup-1")
+    assert (run["status"], run["lease_id"], run["fencing_token"]) == ("queued", None, 1)
+    [call] = await db.calls("sup-1")
+    assert (call["status"], call["attempts"], call["completed_token"]) == ("dispatched", 1, None)
+    assert await db.turns("sup-1") and len(await db.turns("sup-1")) == 1
+    # and the worker is gone: it claims nothing more
+    worker_row = await db.rows(
+        "SELECT stopped_at FROM runledger.workers WHERE worker_id = 'doomed'"
+    )
+    assert worker_row[0]["stopped_at"] is not None
+
+    # the next worker recovers the call in flight: same key, next attempt
+    gate.set()
+    await start_worker(flow)
+    done = await db.wait_status("sup-1", "succeeded", "failed", "paused")
+    assert done["status"] == "succeeded"
+    assert rec.calls_of("act") == [("act", "sup-1:0:c0", 1, 1), ("act", "sup-1:0:c0", 2, 2)]
+    [call] = await db.calls("sup-1")
+    assert call["completed_by"] == "it-worker-1"
+
+
+async def test_a_listener_bug_stops_the_worker(
+    db: Db, own_worker: OwnWorker, start_worker: StartWorker
+) -> None:
+    rec, gate, cancelled = Recorder(), asyncio.Event(), []
+    gate.set()
+    flow = _gated_flow(rec, gate, cancelled)
+
+    class Flows(dict[str, Flow]):
+        def __contains__(self, key: object) -> bool:
+            raise RuntimeError("bug in the listener")
+
+    w, task = own_worker(flow)
+    await eventually(lambda: w.store is not None, what="worker start")
+    w.flows = Flows(w.flows)  # the listener checks each notification against it
+    await db.submit("sup-2", flow)  # NOTIFY runledger_runs
+    await eventually(task.done, what="the worker to stop")
+    with pytest.raises(WorkerFailed) as failed:
+        task.result()
+    assert failed.value.task == "listener"
+
+    await start_worker(flow)
+    done = await db.wait_status("sup-2", "succeeded", "failed", "paused")
+    assert done["status"] == "succeeded"
+    [call] = await db.calls("sup-2")
+    assert call["completed_by"] == "it-worker-1"
+
+
+async def test_an_unexpected_error_in_the_executor_releases_the_lease(
+    db: Db, start_worker: StartWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    rec, gate, cancelled = Recorder(), asyncio.Event(), []
+    gate.set()
+    flow = _gated_flow(rec, gate, cancelled)
+    rw = await start_worker(flow)  # leases of 30 s: an expired lease would time out here
+    assert rw.worker.store is not None
+    store = rw.worker.store
+    # the tool's effect happened, then recording it fails with something unexpected
+    store.complete_call = _once(  # type: ignore[method-assign]
+        RuntimeError("database gone"), store.complete_call
+    )
+    with caplog.at_level(logging.ERROR, logger="runledger.worker.executor"):
+        await db.submit("sup-3", flow)
+        done = await db.wait_status("sup-3", "succeeded", "failed", "paused")
+    assert done["status"] == "succeeded"
+    assert any(r.getMessage() == "run failed in the worker" for r in caplog.records)
+
+    kinds = [(e["kind"], e["fencing_token"]) for e in await db.events("sup-3")]
+    released = kinds.index(("lease_released", 1))
+    assert kinds[released + 1] == ("claimed", 2)  # handed back, not taken over after expiry
+    assert ("takeover", 2) not in kinds
+    # the call in flight was recovered by its safety class: same key, next attempt
+    assert rec.calls_of("act") == [("act", "sup-3:0:c0", 1, 1), ("act", "sup-3:0:c0", 2, 2)]
+    [call] = await db.calls("sup-3")
+    assert (call["status"], call["attempts"], call["completed_token"]) == ("succeeded", 2, 2)
