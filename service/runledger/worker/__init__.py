@@ -13,7 +13,7 @@ from typing import Any
 from runledger.config import Settings
 from runledger.flows import Flow
 from runledger.worker.executor import Limits
-from runledger.worker.process import Worker
+from runledger.worker.process import Worker, WorkerFailed
 
 __all__ = [
     "Limits",
@@ -117,4 +117,8 @@ def run_worker(worker: Worker) -> None:
         worker.install_signal_handlers()
         await worker.run()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except WorkerFailed:
+        # already logged as one CRITICAL line naming the task and its error
+        sys.exit(1)
