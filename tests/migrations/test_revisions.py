@@ -20,7 +20,7 @@ from runledger.cli import main
 from runledger.db import migrate
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
-HEAD = "0001"
+HEAD = "0002"
 
 
 def _script() -> ScriptDirectory:

@@ -1,3 +1,7 @@
+-- ---------------------------------------------------------------------------------
+-- Leases: submit, claim, renew, release; the worker registry
+-- ---------------------------------------------------------------------------------
+
 CREATE FUNCTION runledger.submit_run(p_run_id text, p_flow text, p_flow_version text,
                                      p_input jsonb, p_priority int DEFAULT 0,
                                      p_available_at timestamptz DEFAULT NULL)
@@ -12,17 +16,8 @@ DECLARE
     v_inserted text;
 BEGIN
     PERFORM runledger._check_run_id(p_run_id);
-    IF p_flow IS NULL OR p_flow !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$' THEN
-        PERFORM runledger._raise('RL006', format('invalid flow name %s',
-            coalesce(quote_literal(left(p_flow, 200)), 'NULL')),
-            'a flow name is 1-128 characters of [A-Za-z0-9._-]', NULL);
-    END IF;
-    IF p_flow_version IS NULL OR p_flow_version !~ '^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$' THEN
-        PERFORM runledger._raise('RL006', format('invalid flow version %s',
-            coalesce(quote_literal(left(p_flow_version, 100)), 'NULL')),
-            'a flow version is 1-64 characters of [A-Za-z0-9._+-]', NULL);
-    END IF;
-    PERFORM runledger._check_json('input', p_input, true, false);
+    PERFORM runledger._check_flow(p_flow, p_flow_version);
+    PERFORM runledger._check_json_object('input', p_input);
     IF p_priority IS NULL THEN
         PERFORM runledger._raise('RL006', 'priority must not be null', NULL, NULL);
     END IF;
@@ -38,7 +33,7 @@ BEGIN
         PERFORM runledger._event(p_run_id, 'submitted', NULL, NULL, 0,
             jsonb_build_object('flow', p_flow, 'flow_version', p_flow_version,
                                'priority', p_priority));
-        PERFORM pg_notify('runledger_runs', p_flow || '@' || p_flow_version);
+        PERFORM runledger._notify_queued(p_flow, p_flow_version);
         RETURN QUERY SELECT p_run_id, true;
         RETURN;
     END IF;
@@ -69,14 +64,10 @@ AS $$
 DECLARE
     v_now timestamptz := runledger.now();
     v_flows record;
+    v_claim record;
 BEGIN
-    IF p_worker_id IS NULL OR length(p_worker_id) NOT BETWEEN 1 AND 200 THEN
-        PERFORM runledger._raise('RL006', 'worker id must be 1-200 characters', NULL, NULL);
-    END IF;
-    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '1 day' THEN
-        PERFORM runledger._raise('RL006', format('lease %s must be positive and at most a day',
-            coalesce(p_lease::text, 'NULL')), NULL, NULL);
-    END IF;
+    PERFORM runledger._check_worker_id(p_worker_id);
+    PERFORM runledger._check_lease(p_lease);
     IF p_max_runs IS NULL OR p_max_runs < 0 OR p_max_runs > 10000 THEN
         PERFORM runledger._raise('RL006', 'max runs must be 0-10000', NULL, NULL);
     END IF;
@@ -85,8 +76,9 @@ BEGIN
     -- Two index-ordered scans pick a few more ids than wanted (queued runs per pinned
     -- flow through ix_runs_claimable; expired leases through ix_runs_lease_expiry), so
     -- the cost does not grow with the backlog. The locking SELECT then re-states the
-    -- whole condition and skips rows other claimers hold.
-    RETURN QUERY
+    -- whole condition and skips rows other claimers hold. The statement runs to completion
+    -- (it modifies rows) before the loop below logs each claim.
+    FOR v_claim IN
     WITH pinned AS (
         SELECT u.name, u.version FROM unnest(v_flows.names, v_flows.versions) AS u(name, version)
     ), queued AS (
@@ -132,20 +124,38 @@ BEGIN
         RETURNING r.run_id, r.flow, r.flow_version, r.input, r.state, r.state_version,
                   r.fencing_token, r.lease_id, r.lease_expires_at,
                   (c.old_status = 'running') AS takeover, c.old_owner, c.old_token
-    ), logged AS (
-        INSERT INTO runledger.run_events (run_id, at, kind, actor, fencing_token, state_version, detail)
-        SELECT k.run_id, v_now, CASE WHEN k.takeover THEN 'takeover' ELSE 'claimed' END,
-               p_worker_id, k.fencing_token, k.state_version,
-               jsonb_build_object('lease_id', k.lease_id, 'lease_expires_at', k.lease_expires_at)
-               || CASE WHEN k.takeover
-                       THEN jsonb_build_object('previous_owner', k.old_owner,
-                                               'previous_token', k.old_token)
-                       ELSE '{}'::jsonb END
-        FROM claimed k
     )
     SELECT k.run_id, k.flow, k.flow_version, k.input, k.state, k.state_version,
-           k.fencing_token, k.lease_id, k.lease_expires_at, k.takeover
-    FROM claimed k;
+           k.fencing_token, k.lease_id, k.lease_expires_at, k.takeover, k.old_owner, k.old_token
+    FROM claimed k
+    LOOP
+        IF v_claim.takeover THEN
+            PERFORM runledger._event(v_claim.run_id, 'takeover', p_worker_id,
+                v_claim.fencing_token, v_claim.state_version,
+                jsonb_build_object('lease_id', v_claim.lease_id,
+                                   'lease_expires_at', v_claim.lease_expires_at,
+                                   'previous_owner', v_claim.old_owner,
+                                   'previous_token', v_claim.old_token),
+                v_now);
+        ELSE
+            PERFORM runledger._event(v_claim.run_id, 'claimed', p_worker_id,
+                v_claim.fencing_token, v_claim.state_version,
+                jsonb_build_object('lease_id', v_claim.lease_id,
+                                   'lease_expires_at', v_claim.lease_expires_at),
+                v_now);
+        END IF;
+        run_id := v_claim.run_id;
+        flow := v_claim.flow;
+        flow_version := v_claim.flow_version;
+        input := v_claim.input;
+        state := v_claim.state;
+        state_version := v_claim.state_version;
+        fencing_token := v_claim.fencing_token;
+        lease_id := v_claim.lease_id;
+        lease_expires_at := v_claim.lease_expires_at;
+        takeover := v_claim.takeover;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
@@ -158,15 +168,16 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := runledger.now();
+    v_row record;
 BEGIN
-    IF p_lease IS NULL OR p_lease <= interval '0' OR p_lease > interval '1 day' THEN
-        PERFORM runledger._raise('RL006', 'lease must be positive and at most a day', NULL, NULL);
-    END IF;
+    PERFORM runledger._check_lease(p_lease);
     IF coalesce(cardinality(p_run_ids), 0) <> coalesce(cardinality(p_lease_ids), 0) THEN
         PERFORM runledger._raise('RL006', 'run ids and lease ids must be arrays of one length',
             NULL, NULL);
     END IF;
-    RETURN QUERY
+    -- One statement (one snapshot) finds the renewed leases and the failed ones; it runs
+    -- to completion before the loop returns the first and logs the others.
+    FOR v_row IN
     WITH wanted AS (
         SELECT u.run_id, u.lease_id FROM unnest(p_run_ids, p_lease_ids) AS u(run_id, lease_id)
     ), locked AS (
@@ -183,18 +194,30 @@ BEGIN
         WHERE r.run_id = k.run_id AND r.lease_id = w.lease_id AND r.lease_owner = p_worker_id
           AND r.status = 'running' AND r.lease_expires_at > v_now
         RETURNING r.run_id, r.lease_expires_at
-    ), failed AS (
-        INSERT INTO runledger.run_events (run_id, at, kind, actor, fencing_token, state_version, detail)
-        SELECT w.run_id, v_now, 'renewal_failed', p_worker_id, NULL, NULL,
-               jsonb_build_object('lease_id', w.lease_id, 'current_lease_id', x.lease_id,
-                                  'current_owner', x.lease_owner, 'status', x.status)
-        FROM wanted w JOIN runledger.runs x ON x.run_id = w.run_id
-        WHERE NOT EXISTS (SELECT 1 FROM renewed n WHERE n.run_id = w.run_id)
-          -- a run that left 'running' (finished, released, cancelled) has its own event:
-          -- only a lease that expired or was taken over is a renewal failure
-          AND x.status = 'running'
     )
-    SELECT n.run_id, n.lease_expires_at FROM renewed n;
+    SELECT n.run_id, n.lease_expires_at, true AS renewed, NULL::uuid AS lease_id,
+           NULL::uuid AS current_lease_id, NULL::text AS current_owner, NULL::text AS status
+    FROM renewed n
+    UNION ALL
+    SELECT w.run_id, NULL, false, w.lease_id, x.lease_id, x.lease_owner, x.status
+    FROM wanted w JOIN runledger.runs x ON x.run_id = w.run_id
+    WHERE NOT EXISTS (SELECT 1 FROM renewed n WHERE n.run_id = w.run_id)
+      -- a run that left 'running' (finished, released, cancelled) has its own event:
+      -- only a lease that expired or was taken over is a renewal failure
+      AND x.status = 'running'
+    LOOP
+        IF v_row.renewed THEN
+            run_id := v_row.run_id;
+            lease_expires_at := v_row.lease_expires_at;
+            RETURN NEXT;
+        ELSE
+            PERFORM runledger._event(v_row.run_id, 'renewal_failed', p_worker_id, NULL, NULL,
+                jsonb_build_object('lease_id', v_row.lease_id,
+                                   'current_lease_id', v_row.current_lease_id,
+                                   'current_owner', v_row.current_owner, 'status', v_row.status),
+                v_now);
+        END IF;
+    END LOOP;
 END
 $$;
 CREATE FUNCTION runledger.release_lease(p_run_id text, p_lease_id uuid, p_fencing_token bigint)
@@ -215,7 +238,35 @@ BEGIN
     WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token;
     PERFORM runledger._event(p_run_id, 'lease_released', r.lease_owner, p_fencing_token,
                              r.state_version, '{}'::jsonb);
-    PERFORM pg_notify('runledger_runs', r.flow || '@' || r.flow_version);
+    PERFORM runledger._notify_queued(r.flow, r.flow_version);
+END
+$$;
+
+-- A worker that hit an error of its own (not a lost lease) hands the run back with a
+-- reason. Unlike the clean hand-back above, the claim's stalled count stays: a run that
+-- keeps hitting a worker bug still ends up as a crash loop.
+CREATE FUNCTION runledger.release_lease(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                        p_reason text, p_error jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 200 THEN
+        PERFORM runledger._raise('RL006', 'reason must be 1-200 characters', NULL, NULL);
+    END IF;
+    PERFORM runledger._check_json_object_or_null('error', p_error);
+    UPDATE runledger.runs
+    SET status = 'queued', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        available_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token;
+    PERFORM runledger._event(p_run_id, 'lease_released', r.lease_owner, p_fencing_token,
+        r.state_version, jsonb_build_object('reason', p_reason, 'error', p_error));
+    PERFORM runledger._notify_queued(r.flow, r.flow_version);
 END
 $$;
 
@@ -249,9 +300,7 @@ AS $$
 DECLARE
     v_now timestamptz := runledger.now();
 BEGIN
-    IF p_worker_id IS NULL OR length(p_worker_id) NOT BETWEEN 1 AND 200 THEN
-        PERFORM runledger._raise('RL006', 'worker id must be 1-200 characters', NULL, NULL);
-    END IF;
+    PERFORM runledger._check_worker_id(p_worker_id);
     PERFORM runledger._parse_flows(p_flows);
     INSERT INTO runledger.workers (worker_id, hostname, pid, flows, started_at, heartbeat_at)
     VALUES (p_worker_id, coalesce(p_hostname, ''), coalesce(p_pid, 0), p_flows, v_now, v_now)

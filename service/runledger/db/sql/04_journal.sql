@@ -1,3 +1,7 @@
+-- ---------------------------------------------------------------------------------
+-- The journal: checkpoints, turns, calls, and the end of a run
+-- ---------------------------------------------------------------------------------
+
 CREATE FUNCTION runledger.checkpoint(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
                                      p_expected_version bigint, p_state jsonb)
 RETURNS bigint
@@ -8,7 +12,7 @@ DECLARE
     r runledger.runs;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    PERFORM runledger._check_json('state', p_state, true, false);
+    PERFORM runledger._check_json_object('state', p_state);
     IF p_expected_version IS DISTINCT FROM r.state_version THEN
         PERFORM runledger._raise('RL002',
             format('state version conflict on run %s', p_run_id),
@@ -42,7 +46,7 @@ DECLARE
     v_open integer;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    PERFORM runledger._check_json('calls', p_calls, false, false);
+    PERFORM runledger._check_json_value('calls', p_calls);
     IF jsonb_typeof(p_calls) <> 'array' THEN
         PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
     END IF;
@@ -167,14 +171,15 @@ DECLARE
     r runledger.runs;
     c runledger.run_calls;
     v_now timestamptz := runledger.now();
+    v_detail jsonb;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
     -- not_applied: the effect certainly did not happen and the call will be sent again
     -- with the same key; it goes back to planned, so no one mistakes it for in flight.
     PERFORM runledger._check_word('outcome', p_outcome,
                                   ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
-    PERFORM runledger._check_json('result', p_result, false, true);
-    PERFORM runledger._check_json('receipt', p_receipt, true, true);
+    PERFORM runledger._check_json_value_or_null('result', p_result);
+    PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
     c := runledger._lock_call(p_run_id, p_idempotency_key);
     IF c.status <> 'dispatched' THEN
         PERFORM runledger._raise('RL004',
@@ -192,9 +197,22 @@ BEGIN
     WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
     UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
     WHERE run_id = p_run_id AND lease_id = p_lease_id;
-    PERFORM runledger._event(p_run_id, 'call_' || p_outcome, r.lease_owner, p_fencing_token,
-        r.state_version, jsonb_build_object('idempotency_key', p_idempotency_key,
-                                            'tool', c.tool, 'attempt', c.attempts));
+    v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', c.tool,
+                                   'attempt', c.attempts);
+    CASE p_outcome
+        WHEN 'succeeded' THEN
+            PERFORM runledger._event(p_run_id, 'call_succeeded', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'failed' THEN
+            PERFORM runledger._event(p_run_id, 'call_failed', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'unknown' THEN
+            PERFORM runledger._event(p_run_id, 'call_unknown', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'not_applied' THEN
+            PERFORM runledger._event(p_run_id, 'call_not_applied', r.lease_owner,
+                                     p_fencing_token, r.state_version, v_detail);
+    END CASE;
 END
 $$;
 
@@ -208,10 +226,11 @@ DECLARE
     r runledger.runs;
     v_now timestamptz := runledger.now();
     v_open integer;
+    v_detail jsonb;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
     PERFORM runledger._check_word('status', p_status, ARRAY['succeeded', 'failed', 'paused']);
-    PERFORM runledger._check_json('result', p_result, false, true);
+    PERFORM runledger._check_json_value_or_null('result', p_result);
     IF p_status = 'succeeded' THEN
         SELECT count(*) INTO v_open FROM runledger.run_calls c
         WHERE c.run_id = p_run_id AND c.status NOT IN ('succeeded', 'failed');
@@ -243,7 +262,17 @@ BEGIN
         finished_at = CASE WHEN p_status = 'paused' THEN NULL ELSE v_now END,
         updated_at = v_now
     WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token;
-    PERFORM runledger._event(p_run_id, 'run_' || p_status, r.lease_owner, p_fencing_token,
-        r.state_version, jsonb_strip_nulls(jsonb_build_object('reason', p_reason)));
+    v_detail := jsonb_strip_nulls(jsonb_build_object('reason', p_reason));
+    CASE p_status
+        WHEN 'succeeded' THEN
+            PERFORM runledger._event(p_run_id, 'run_succeeded', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'failed' THEN
+            PERFORM runledger._event(p_run_id, 'run_failed', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'paused' THEN
+            PERFORM runledger._event(p_run_id, 'run_paused', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+    END CASE;
 END
 $$;

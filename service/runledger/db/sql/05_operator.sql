@@ -1,3 +1,7 @@
+-- ---------------------------------------------------------------------------------
+-- Operator functions: resolve, cancel, retry; retention
+-- ---------------------------------------------------------------------------------
+
 CREATE FUNCTION runledger.resolve_call(p_idempotency_key text, p_resolution text,
                                        p_receipt jsonb, p_actor text, p_note text)
 RETURNS void
@@ -13,7 +17,7 @@ DECLARE
 BEGIN
     PERFORM runledger._check_word('resolution', p_resolution,
                                   ARRAY['applied', 'not_applied', 'abandoned']);
-    PERFORM runledger._check_json('receipt', p_receipt, true, true);
+    PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
     IF p_actor IS NULL OR length(p_actor) NOT BETWEEN 1 AND 200 THEN
         PERFORM runledger._raise('RL006', 'actor must be 1-200 characters', NULL, NULL);
     END IF;
@@ -55,7 +59,7 @@ BEGIN
         WHERE run_id = v_run_id AND status = 'paused';
         PERFORM runledger._event(v_run_id, 'run_requeued', p_actor, NULL, r.state_version,
                                  jsonb_build_object('after', 'resolve_call'));
-        PERFORM pg_notify('runledger_runs', r.flow || '@' || r.flow_version);
+        PERFORM runledger._notify_queued(r.flow, r.flow_version);
     END IF;
 END
 $$;
@@ -124,7 +128,7 @@ BEGIN
     WHERE run_id = p_run_id AND status IN ('failed', 'paused');
     PERFORM runledger._event(p_run_id, 'run_requeued', coalesce(p_actor, 'operator'), NULL,
         r.state_version, jsonb_build_object('after', 'retry_run', 'previous_status', r.status));
-    PERFORM pg_notify('runledger_runs', r.flow || '@' || r.flow_version);
+    PERFORM runledger._notify_queued(r.flow, r.flow_version);
 END
 $$;
 

@@ -1,3 +1,7 @@
+-- ---------------------------------------------------------------------------------
+-- The second wall: triggers that hold even for the owner's direct UPDATE
+-- ---------------------------------------------------------------------------------
+-- The guard functions are SECURITY DEFINER so that a refusal is always RL007 naming the
 -- invariant: run as the writer, a role granted UPDATE on a table (a DBA role) would get
 -- "permission denied for function _raise" instead, since helpers are not granted.
 

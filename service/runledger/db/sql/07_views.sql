@@ -1,3 +1,7 @@
+-- ---------------------------------------------------------------------------------
+-- Audit views
+-- ---------------------------------------------------------------------------------
+
 CREATE VIEW runledger.run_timeline AS
 SELECT e.run_id, e.event_id, e.at, e.kind, e.actor, e.fencing_token, e.state_version, e.detail
 FROM runledger.run_events e;

@@ -1,3 +1,7 @@
+-- ---------------------------------------------------------------------------------
+-- Privileges and roles
+-- ---------------------------------------------------------------------------------
+
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA runledger FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA runledger FROM PUBLIC;
 
@@ -37,6 +41,7 @@ BEGIN
             runledger.complete_call(text, uuid, bigint, text, text, jsonb, jsonb),
             runledger.finish_run(text, uuid, bigint, text, jsonb, text),
             runledger.release_lease(text, uuid, bigint),
+            runledger.release_lease(text, uuid, bigint, text, jsonb),
             runledger.report_stale_write(text, text, uuid, bigint, text, text),
             runledger.register_worker(text, text, int, text[]),
             runledger.heartbeat_worker(text, boolean)
