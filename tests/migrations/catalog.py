@@ -16,6 +16,7 @@ import psycopg
 Conn = psycopg.Connection[Any]
 Snapshot = dict[str, dict[str, tuple[Any, ...]]]
 
+
 def _role(expr: str) -> str:
     """SQL naming the role with oid ``expr``: PUBLIC, <owner> (of the schema), or its name."""
     return (
