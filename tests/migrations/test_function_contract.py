@@ -140,6 +140,17 @@ CONTRACT: list[Fn] = [
         "void",
     ),
     Fn(
+        "release_lease",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_reason", "text"),
+            ("p_error", "jsonb"),
+        ],
+        "void",
+    ),
+    Fn(
         "resolve_call",
         [
             ("p_idempotency_key", "text"),
@@ -167,13 +178,21 @@ CONTRACT: list[Fn] = [
 ]
 
 
+# An overload after the first of its name is named by its argument count: release_lease/5.
+IDS = [
+    f.name if f.name not in [g.name for g in CONTRACT[:i]] else f"{f.name}/{len(f.args)}"
+    for i, f in enumerate(CONTRACT)
+]
+
+
 def _oid_of_type(conn: Conn, name: str) -> int:
     row = conn.execute("SELECT to_regtype(%s)::int AS oid", (name,)).fetchone()
     assert row is not None and row["oid"] is not None, f"unknown type {name}"
     return int(row["oid"])
 
 
-def _proc(conn: Conn, name: str) -> dict[str, Any]:
+def _proc(conn: Conn, fn: Fn) -> dict[str, Any]:
+    """The function of this name, among overloads the one with as many arguments as ``fn``."""
     rows = conn.execute(
         """
         SELECT p.oid::int AS oid, p.prosecdef, p.proconfig, p.proretset,
@@ -184,11 +203,14 @@ def _proc(conn: Conn, name: str) -> dict[str, Any]:
                p.proacl IS NOT NULL AS has_acl,
                pg_get_function_identity_arguments(p.oid) AS identity
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-        WHERE n.nspname = 'runledger' AND p.proname = %s
+        WHERE n.nspname = 'runledger' AND p.proname = %s AND p.pronargs = %s
         """,
-        (name,),
+        (fn.name, len(fn.args)),
     ).fetchall()
-    assert len(rows) == 1, f"runledger.{name}: expected exactly one function, found {len(rows)}"
+    assert len(rows) == 1, (
+        f"runledger.{fn.name} with {len(fn.args)} arguments: expected exactly one function, "
+        f"found {len(rows)}"
+    )
     return rows[0]
 
 
@@ -203,9 +225,9 @@ def conn(runledger_databases: Databases) -> Iterator[Conn]:
         runledger_databases.drop(url)
 
 
-@pytest.mark.parametrize("fn", CONTRACT, ids=[f.name for f in CONTRACT])
+@pytest.mark.parametrize("fn", CONTRACT, ids=IDS)
 def test_signature_matches_design(conn: Conn, fn: Fn) -> None:
-    proc = _proc(conn, fn.name)
+    proc = _proc(conn, fn)
     signature = f"runledger.{fn.name}({', '.join(t for _, t in fn.args)})"
     row = conn.execute("SELECT to_regprocedure(%s)::int AS oid", (signature,)).fetchone()
     assert row is not None and row["oid"] == proc["oid"], (
@@ -232,9 +254,9 @@ def test_signature_matches_design(conn: Conn, fn: Fn) -> None:
         assert proc["prorettype"] == _oid_of_type(conn, fn.returns)
 
 
-@pytest.mark.parametrize("fn", CONTRACT, ids=[f.name for f in CONTRACT])
+@pytest.mark.parametrize("fn", CONTRACT, ids=IDS)
 def test_security_definer_pinned_and_not_public(conn: Conn, fn: Fn) -> None:
-    proc = _proc(conn, fn.name)
+    proc = _proc(conn, fn)
     assert proc["prosecdef"], f"{fn.name} is not SECURITY DEFINER"
     assert PINNED_SEARCH_PATH in (proc["proconfig"] or []), proc["proconfig"]
     assert proc["owned_by_schema_owner"], f"{fn.name} is not owned by the schema owner"
@@ -275,7 +297,7 @@ def test_worker_role_cannot_run_operator_functions(conn: Conn) -> None:
     for fn in CONTRACT:
         if fn.role != OPERATOR:
             continue
-        oid = _proc(conn, fn.name)["oid"]
+        oid = _proc(conn, fn)["oid"]
         row = conn.execute(
             "SELECT has_function_privilege('runledger_worker', %s::oid, 'EXECUTE') AS ok",
             (oid,),

@@ -17,10 +17,10 @@ from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 
 from runledger.cli import main
-from runledger.db import migrate
+from runledger.db import migrate, schema
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
-HEAD = "0001"
+HEAD = "0002"
 
 
 def _script() -> ScriptDirectory:
@@ -270,6 +270,11 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
         assert "runledger/_migrations/versions/0001_contract.sql" in names
         assert "runledger/_migrations/versions/0001_contract.down.sql" in names
         assert "runledger/_migrations/versions/0001_contract.py" in names
+        for revision in ("0002_living_contract.sql", "0002_living_contract.down.sql"):
+            assert f"runledger/_migrations/versions/{revision}" in names
+        living = {n for n in names if n.startswith("runledger/db/sql/")}
+        assert living == {f"runledger/db/sql/{f.name}" for f in schema.living_files()}
+        assert "runledger/db/schema.py" in names
         assert "runledger/_migrations/script.py.mako" in names
         assert "runledger/db/tables.py" in names
         unpacked = tmp_path / "site"
@@ -280,7 +285,8 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
     probe = (
         "import runledger, runledger.db.migrate as m;"
         "print(runledger.__file__); print(m.migrations_dir()); print(m.head());"
-        "print('CREATE FUNCTION runledger.claim_runs' in m.offline_sql())"
+        "print('CREATE FUNCTION runledger.claim_runs' in m.offline_sql());"
+        "import runledger.db.schema as s; print(s.living_files()[0].parent)"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLEDGER_")}
     env["PYTHONPATH"] = str(unpacked)
@@ -295,4 +301,5 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
     ).stdout.splitlines()
     assert out[0].startswith(str(unpacked)), out
     assert out[1] == str(unpacked / "runledger" / "_migrations"), out
-    assert out[2:] == [HEAD, "True"], out
+    assert out[2:4] == [HEAD, "True"], out
+    assert out[4] == str(unpacked / "runledger" / "db" / "sql"), out

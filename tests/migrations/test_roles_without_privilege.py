@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from runledger.db.migrate import migrations_dir
+from runledger.db.migrate import head, migrations_dir
 from runledger.testing.postgres import Server, _embedded_bin_dir, _local_bin_dirs, start_cluster
 
 
@@ -64,4 +64,22 @@ def test_runledger_migrate_as_that_user_exits_zero(fresh_cluster: Server, tmp_pa
     url = fresh_cluster.url_for("managed2").replace("postgres@", "limited2@", 1)
     result = CliRunner().invoke(main, ["migrate", "--database-url", url])
     assert result.exit_code == 0, result.output
-    assert "-> 0001" in result.output
+    assert f"-> {head()}" in result.output
+
+
+def test_install_from_the_living_files_as_that_user_succeeds_and_warns(
+    fresh_cluster: Server,
+) -> None:
+    from runledger.db import schema
+
+    with psycopg.connect(fresh_cluster.admin_url, autocommit=True) as admin:
+        admin.execute("CREATE ROLE limited3 LOGIN CREATEDB NOCREATEROLE")
+        admin.execute("CREATE DATABASE managed3 OWNER limited3")
+    url = fresh_cluster.url_for("managed3").replace("postgres@", "limited3@", 1)
+    notices: list[str] = []
+    with psycopg.connect(url) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        assert schema.install(conn) == head()
+        version = conn.execute("SELECT version_num FROM runledger.alembic_version").fetchall()
+    assert version == [(head(),)]
+    assert any("could not create role runledger_worker" in n for n in notices), notices

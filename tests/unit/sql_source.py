@@ -1,12 +1,17 @@
-"""Read facts out of the contract SQL text (no database): regexes and CHECK word lists."""
+"""Read facts out of the contract SQL text (no database): regexes and CHECK word lists.
+
+The text is the living contract, ``service/runledger/db/sql/*.sql`` concatenated in install
+order (what ``runledger.db.schema.install`` runs), not any one frozen revision.
+"""
 
 from __future__ import annotations
 
 import re
 from functools import cache
-from pathlib import Path
 
-SQL_FILE = Path(__file__).resolve().parents[2] / "migrations" / "versions" / "0001_contract.sql"
+from runledger.db import schema
+
+SQL_SOURCE = "the living SQL files (runledger/db/sql)"
 
 # What the SQL patterns may contain for the translation below to be exact: anchors,
 # bracket expressions of ASCII letters/digits/punctuation, and {m,n} bounds.
@@ -15,13 +20,13 @@ _SIMPLE_POSIX = re.compile(r"\^(?:\[[A-Za-z0-9._:@+\-]+\](?:\{\d+,\d+\})?|@)+\$"
 
 @cache
 def sql_text() -> str:
-    return SQL_FILE.read_text(encoding="utf-8")
+    return schema.living_sql()
 
 
 def sql_patterns(subject: str) -> list[str]:
     """Every POSIX regex the SQL matches ``subject`` against with ``~`` or ``!~``."""
     found = re.findall(r"(?<![\w>])" + re.escape(subject) + r"\s*!?~\s*'([^']*)'", sql_text())
-    assert found, f"no regex applied to {subject!r} in {SQL_FILE.name}"
+    assert found, f"no regex applied to {subject!r} in {SQL_SOURCE}"
     return found
 
 

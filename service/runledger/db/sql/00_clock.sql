@@ -1,0 +1,52 @@
+-- runledger: the living SQL contract, the current schema by concern.
+--
+-- These files are the schema as it is now; migrations/versions/ holds the frozen deltas
+-- that bring an existing database here. A fresh install runs the files in name order
+-- (runledger.db.schema.install); tests/migrations/test_catalog.py proves that it and
+-- `alembic upgrade head` give the same catalog. Change a function here AND in a new
+-- revision, never in a merged one.
+--
+--   00_clock.sql     schema runledger; settings (one row: payload cap, test clock offset);
+--                    runledger.now(), the only clock
+--   01_tables.sql    runs, run_turns, run_calls, run_events, workers; their indexes
+--   02_helpers.sql   internal helpers, granted to no one: _raise; checks (_check_run_id,
+--                    _check_worker_id, _check_lease, _check_flow, _check_json_*,
+--                    _check_word, _parse_flows); _event (every event row); _notify_queued;
+--                    locks (_lock_run, _lock_leased_run, _lock_call)
+--   03_leases.sql    submit_run, claim_runs, renew_leases, release_lease (3 and 5
+--                    arguments); worker registry: register_worker, heartbeat_worker,
+--                    report_stale_write
+--   04_journal.sql   checkpoint, record_turn, dispatch_call, complete_call, finish_run
+--   05_operator.sql  resolve_call, cancel_run, retry_run, prune_runs (retention)
+--   06_wall.sql      the second wall: guard trigger functions and their triggers
+--   07_views.sql     audit views: run_timeline, effect_ledger, lease_history
+--   08_roles.sql     REVOKE from PUBLIC; roles runledger_worker, _operator, _auditor and
+--                    their grants
+--
+-- Every event kind is written as a literal in a runledger._event(...) call, so
+-- `grep -rn "'run_paused'" service/runledger/db/sql` finds where it is written.
+
+CREATE SCHEMA IF NOT EXISTS runledger;
+
+-- ---------------------------------------------------------------------------------
+-- Settings and the clock
+-- ---------------------------------------------------------------------------------
+
+-- One row. clock_offset exists for tests only: it shifts runledger.now() for every
+-- session of this database. Workers cannot write it (no table writes), so a stale
+-- worker cannot move the clock to keep its lease alive.
+CREATE TABLE runledger.settings (
+    singleton boolean PRIMARY KEY DEFAULT true,
+    max_payload_bytes integer NOT NULL DEFAULT 1048576,
+    clock_offset interval NOT NULL DEFAULT interval '0',
+    CONSTRAINT ck_settings_singleton CHECK (singleton),
+    CONSTRAINT ck_settings_max_payload_bytes CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
+);
+INSERT INTO runledger.settings DEFAULT VALUES;
+
+CREATE FUNCTION runledger.now() RETURNS timestamptz
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    SELECT clock_timestamp() + coalesce((SELECT s.clock_offset FROM runledger.settings s), interval '0')
+$$;

@@ -1,0 +1,117 @@
+-- ---------------------------------------------------------------------------------
+-- Tables
+-- ---------------------------------------------------------------------------------
+
+CREATE TABLE runledger.runs (
+    run_id text NOT NULL,
+    flow text NOT NULL,
+    flow_version text NOT NULL,
+    status text NOT NULL DEFAULT 'queued',
+    input jsonb NOT NULL,
+    state jsonb,
+    state_version bigint NOT NULL DEFAULT 0,
+    fencing_token bigint NOT NULL DEFAULT 0,
+    lease_id uuid,
+    lease_owner text,
+    lease_expires_at timestamptz,
+    claims integer NOT NULL DEFAULT 0,
+    stalled_claims integer NOT NULL DEFAULT 0,
+    priority integer NOT NULL DEFAULT 0,
+    available_at timestamptz NOT NULL,
+    pause_reason text,
+    result jsonb,
+    error jsonb,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    finished_at timestamptz,
+    CONSTRAINT pk_runs PRIMARY KEY (run_id),
+    CONSTRAINT ck_runs_run_id CHECK (run_id ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$'),
+    CONSTRAINT ck_runs_status CHECK (
+        status IN ('queued', 'running', 'paused', 'succeeded', 'failed', 'cancelled')),
+    CONSTRAINT ck_runs_input_object CHECK (jsonb_typeof(input) = 'object'),
+    CONSTRAINT ck_runs_state_object CHECK (state IS NULL OR jsonb_typeof(state) = 'object'),
+    CONSTRAINT ck_runs_lease_complete CHECK (
+        (lease_id IS NULL) = (lease_expires_at IS NULL)),
+    CONSTRAINT ck_runs_running_has_lease CHECK (
+        (status = 'running') = (lease_id IS NOT NULL)),
+    CONSTRAINT ck_runs_finished_at CHECK (
+        (status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL))
+);
+-- claim_runs' order: highest priority first, then oldest
+CREATE INDEX ix_runs_claimable ON runledger.runs (flow, flow_version, priority DESC, created_at)
+    WHERE status IN ('queued', 'running');
+CREATE INDEX ix_runs_status ON runledger.runs (status);
+CREATE INDEX ix_runs_lease_expiry ON runledger.runs (lease_expires_at) WHERE status = 'running';
+
+CREATE TABLE runledger.run_turns (
+    run_id text NOT NULL,
+    turn integer NOT NULL,
+    calls jsonb NOT NULL,
+    fencing_token bigint NOT NULL,
+    created_at timestamptz NOT NULL,
+    CONSTRAINT pk_run_turns PRIMARY KEY (run_id, turn),
+    CONSTRAINT fk_run_turns_run_id_runs FOREIGN KEY (run_id)
+        REFERENCES runledger.runs (run_id) ON DELETE CASCADE,
+    CONSTRAINT ck_run_turns_turn CHECK (turn >= 0),
+    CONSTRAINT ck_run_turns_calls_array CHECK (jsonb_typeof(calls) = 'array')
+);
+
+CREATE TABLE runledger.run_calls (
+    run_id text NOT NULL,
+    turn integer NOT NULL,
+    call_id text NOT NULL,
+    position integer NOT NULL,
+    tool text NOT NULL,
+    args jsonb NOT NULL,
+    idempotency_key text NOT NULL,
+    status text NOT NULL DEFAULT 'planned',
+    attempts integer NOT NULL DEFAULT 0,
+    result jsonb,
+    receipt jsonb,
+    error jsonb,
+    dispatched_token bigint,
+    completed_token bigint,
+    dispatched_by text,
+    completed_by text,
+    dispatched_at timestamptz,
+    completed_at timestamptz,
+    resolved_by text,
+    resolved_at timestamptz,
+    resolution_note text,
+    CONSTRAINT pk_run_calls PRIMARY KEY (run_id, turn, call_id),
+    CONSTRAINT uq_run_calls_idempotency_key UNIQUE (idempotency_key),
+    CONSTRAINT fk_run_calls_turn_run_turns FOREIGN KEY (run_id, turn)
+        REFERENCES runledger.run_turns (run_id, turn) ON DELETE CASCADE,
+    CONSTRAINT ck_run_calls_status CHECK (
+        status IN ('planned', 'dispatched', 'succeeded', 'failed', 'unknown')),
+    CONSTRAINT ck_run_calls_args_object CHECK (jsonb_typeof(args) = 'object'),
+    CONSTRAINT ck_run_calls_attempts CHECK (attempts >= 0),
+    CONSTRAINT ck_run_calls_key CHECK (idempotency_key = run_id || ':' || turn || ':' || call_id)
+);
+CREATE INDEX ix_run_calls_open ON runledger.run_calls (run_id)
+    WHERE status IN ('planned', 'dispatched', 'unknown');
+
+CREATE TABLE runledger.run_events (
+    event_id bigserial NOT NULL,
+    run_id text NOT NULL,
+    at timestamptz NOT NULL,
+    kind text NOT NULL,
+    actor text,
+    fencing_token bigint,
+    state_version bigint,
+    detail jsonb NOT NULL DEFAULT '{}'::jsonb,
+    CONSTRAINT pk_run_events PRIMARY KEY (event_id)
+);
+-- No foreign key: events outlive their run when prune_runs(..., keep_events => true).
+CREATE INDEX ix_run_events_run_id ON runledger.run_events (run_id, event_id);
+
+CREATE TABLE runledger.workers (
+    worker_id text NOT NULL,
+    hostname text NOT NULL,
+    pid integer NOT NULL,
+    flows text[] NOT NULL,
+    started_at timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL,
+    stopped_at timestamptz,
+    CONSTRAINT pk_workers PRIMARY KEY (worker_id)
+);

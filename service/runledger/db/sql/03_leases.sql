@@ -1,0 +1,322 @@
+-- ---------------------------------------------------------------------------------
+-- Leases: submit, claim, renew, release; the worker registry
+-- ---------------------------------------------------------------------------------
+
+CREATE FUNCTION runledger.submit_run(p_run_id text, p_flow text, p_flow_version text,
+                                     p_input jsonb, p_priority int DEFAULT 0,
+                                     p_available_at timestamptz DEFAULT NULL)
+RETURNS TABLE (run_id text, created boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := runledger.now();
+    v_existing runledger.runs;
+    v_inserted text;
+BEGIN
+    PERFORM runledger._check_run_id(p_run_id);
+    PERFORM runledger._check_flow(p_flow, p_flow_version);
+    PERFORM runledger._check_json_object('input', p_input);
+    IF p_priority IS NULL THEN
+        PERFORM runledger._raise('RL006', 'priority must not be null', NULL, NULL);
+    END IF;
+
+    INSERT INTO runledger.runs AS r (run_id, flow, flow_version, status, input, priority,
+                                     available_at, created_at, updated_at)
+    VALUES (p_run_id, p_flow, p_flow_version, 'queued', p_input, p_priority,
+            coalesce(p_available_at, v_now), v_now, v_now)
+    ON CONFLICT ON CONSTRAINT pk_runs DO NOTHING
+    RETURNING r.run_id INTO v_inserted;
+
+    IF v_inserted IS NOT NULL THEN
+        PERFORM runledger._event(p_run_id, 'submitted', NULL, NULL, 0,
+            jsonb_build_object('flow', p_flow, 'flow_version', p_flow_version,
+                               'priority', p_priority));
+        PERFORM runledger._notify_queued(p_flow, p_flow_version);
+        RETURN QUERY SELECT p_run_id, true;
+        RETURN;
+    END IF;
+
+    SELECT * INTO v_existing FROM runledger.runs x WHERE x.run_id = p_run_id;
+    IF v_existing.flow <> p_flow OR v_existing.flow_version <> p_flow_version
+       OR v_existing.input <> p_input THEN
+        PERFORM runledger._raise('RL005',
+            format('run %s already exists with a different flow, version or input', p_run_id),
+            format('existing run %s is %s@%s; submitted %s@%s%s', p_run_id, v_existing.flow,
+                   v_existing.flow_version, p_flow, p_flow_version,
+                   CASE WHEN v_existing.input <> p_input THEN ' with another input' ELSE '' END),
+            'choose a new run id, or resubmit exactly the same flow, version and input');
+    END IF;
+    RETURN QUERY SELECT p_run_id, false;
+END
+$$;
+
+CREATE FUNCTION runledger.claim_runs(p_worker_id text, p_flows text[], p_lease interval,
+                                     p_max_runs int)
+RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
+               state_version bigint, fencing_token bigint, lease_id uuid,
+               lease_expires_at timestamptz, takeover boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := runledger.now();
+    v_flows record;
+    v_claim record;
+BEGIN
+    PERFORM runledger._check_worker_id(p_worker_id);
+    PERFORM runledger._check_lease(p_lease);
+    IF p_max_runs IS NULL OR p_max_runs < 0 OR p_max_runs > 10000 THEN
+        PERFORM runledger._raise('RL006', 'max runs must be 0-10000', NULL, NULL);
+    END IF;
+    v_flows := runledger._parse_flows(p_flows);
+
+    -- Two index-ordered scans pick a few more ids than wanted (queued runs per pinned
+    -- flow through ix_runs_claimable; expired leases through ix_runs_lease_expiry), so
+    -- the cost does not grow with the backlog. The locking SELECT then re-states the
+    -- whole condition and skips rows other claimers hold. The statement runs to completion
+    -- (it modifies rows) before the loop below logs each claim.
+    FOR v_claim IN
+    WITH pinned AS (
+        SELECT u.name, u.version FROM unnest(v_flows.names, v_flows.versions) AS u(name, version)
+    ), queued AS (
+        SELECT q.run_id FROM pinned p CROSS JOIN LATERAL (
+            SELECT c.run_id FROM runledger.runs c
+            WHERE c.flow = p.name AND c.flow_version = p.version
+              AND c.status = 'queued' AND c.available_at <= v_now
+            ORDER BY c.priority DESC, c.created_at
+            LIMIT p_max_runs * 4 + 32
+        ) q
+    ), expired AS (
+        SELECT c.run_id FROM runledger.runs c
+        JOIN pinned p ON p.name = c.flow AND p.version = c.flow_version
+        WHERE c.status = 'running' AND c.lease_expires_at <= v_now
+        ORDER BY c.lease_expires_at
+        LIMIT p_max_runs * 4 + 32
+    ), candidates AS (
+        SELECT c.run_id, c.status AS old_status, c.lease_owner AS old_owner,
+               c.fencing_token AS old_token
+        FROM runledger.runs c
+        -- an array, so the rows are fetched by primary key, not by a scan of the table
+        WHERE c.run_id = ANY (ARRAY(SELECT x.run_id FROM queued x
+                                    UNION ALL SELECT y.run_id FROM expired y))
+          AND ((c.status = 'queued' AND c.available_at <= v_now)
+               OR (c.status = 'running' AND c.lease_expires_at <= v_now))
+        ORDER BY c.priority DESC, c.created_at, c.run_id
+        LIMIT p_max_runs
+        FOR NO KEY UPDATE OF c SKIP LOCKED
+    ), claimed AS (
+        UPDATE runledger.runs r
+        SET status = 'running',
+            fencing_token = r.fencing_token + 1,
+            lease_id = gen_random_uuid(),
+            lease_owner = p_worker_id,
+            lease_expires_at = v_now + p_lease,
+            claims = r.claims + 1,
+            stalled_claims = r.stalled_claims + 1,
+            updated_at = v_now
+        FROM candidates c
+        WHERE r.run_id = c.run_id
+          AND ((r.status = 'queued' AND r.available_at <= v_now)
+               OR (r.status = 'running' AND r.lease_expires_at <= v_now))
+        RETURNING r.run_id, r.flow, r.flow_version, r.input, r.state, r.state_version,
+                  r.fencing_token, r.lease_id, r.lease_expires_at,
+                  (c.old_status = 'running') AS takeover, c.old_owner, c.old_token
+    )
+    SELECT k.run_id, k.flow, k.flow_version, k.input, k.state, k.state_version,
+           k.fencing_token, k.lease_id, k.lease_expires_at, k.takeover, k.old_owner, k.old_token
+    FROM claimed k
+    LOOP
+        IF v_claim.takeover THEN
+            PERFORM runledger._event(v_claim.run_id, 'takeover', p_worker_id,
+                v_claim.fencing_token, v_claim.state_version,
+                jsonb_build_object('lease_id', v_claim.lease_id,
+                                   'lease_expires_at', v_claim.lease_expires_at,
+                                   'previous_owner', v_claim.old_owner,
+                                   'previous_token', v_claim.old_token),
+                v_now);
+        ELSE
+            PERFORM runledger._event(v_claim.run_id, 'claimed', p_worker_id,
+                v_claim.fencing_token, v_claim.state_version,
+                jsonb_build_object('lease_id', v_claim.lease_id,
+                                   'lease_expires_at', v_claim.lease_expires_at),
+                v_now);
+        END IF;
+        run_id := v_claim.run_id;
+        flow := v_claim.flow;
+        flow_version := v_claim.flow_version;
+        input := v_claim.input;
+        state := v_claim.state;
+        state_version := v_claim.state_version;
+        fencing_token := v_claim.fencing_token;
+        lease_id := v_claim.lease_id;
+        lease_expires_at := v_claim.lease_expires_at;
+        takeover := v_claim.takeover;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION runledger.renew_leases(p_worker_id text, p_run_ids text[], p_lease_ids uuid[],
+                                       p_lease interval)
+RETURNS TABLE (run_id text, lease_expires_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := runledger.now();
+    v_row record;
+BEGIN
+    PERFORM runledger._check_lease(p_lease);
+    IF coalesce(cardinality(p_run_ids), 0) <> coalesce(cardinality(p_lease_ids), 0) THEN
+        PERFORM runledger._raise('RL006', 'run ids and lease ids must be arrays of one length',
+            NULL, NULL);
+    END IF;
+    -- One statement (one snapshot) finds the renewed leases and the failed ones; it runs
+    -- to completion before the loop returns the first and logs the others.
+    FOR v_row IN
+    WITH wanted AS (
+        SELECT u.run_id, u.lease_id FROM unnest(p_run_ids, p_lease_ids) AS u(run_id, lease_id)
+    ), locked AS (
+        -- lock in a fixed order so two renewals never wait on each other in a cycle
+        SELECT l.run_id FROM runledger.runs l JOIN wanted w ON w.run_id = l.run_id
+        WHERE l.lease_id = w.lease_id AND l.lease_owner = p_worker_id
+          AND l.status = 'running' AND l.lease_expires_at > v_now
+        ORDER BY l.run_id
+        FOR NO KEY UPDATE OF l
+    ), renewed AS (
+        UPDATE runledger.runs r
+        SET lease_expires_at = v_now + p_lease
+        FROM locked k JOIN wanted w ON w.run_id = k.run_id
+        WHERE r.run_id = k.run_id AND r.lease_id = w.lease_id AND r.lease_owner = p_worker_id
+          AND r.status = 'running' AND r.lease_expires_at > v_now
+        RETURNING r.run_id, r.lease_expires_at
+    )
+    SELECT n.run_id, n.lease_expires_at, true AS renewed, NULL::uuid AS lease_id,
+           NULL::uuid AS current_lease_id, NULL::text AS current_owner, NULL::text AS status
+    FROM renewed n
+    UNION ALL
+    SELECT w.run_id, NULL, false, w.lease_id, x.lease_id, x.lease_owner, x.status
+    FROM wanted w JOIN runledger.runs x ON x.run_id = w.run_id
+    WHERE NOT EXISTS (SELECT 1 FROM renewed n WHERE n.run_id = w.run_id)
+      -- a run that left 'running' (finished, released, cancelled) has its own event:
+      -- only a lease that expired or was taken over is a renewal failure
+      AND x.status = 'running'
+    LOOP
+        IF v_row.renewed THEN
+            run_id := v_row.run_id;
+            lease_expires_at := v_row.lease_expires_at;
+            RETURN NEXT;
+        ELSE
+            PERFORM runledger._event(v_row.run_id, 'renewal_failed', p_worker_id, NULL, NULL,
+                jsonb_build_object('lease_id', v_row.lease_id,
+                                   'current_lease_id', v_row.current_lease_id,
+                                   'current_owner', v_row.current_owner, 'status', v_row.status),
+                v_now);
+        END IF;
+    END LOOP;
+END
+$$;
+CREATE FUNCTION runledger.release_lease(p_run_id text, p_lease_id uuid, p_fencing_token bigint)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    -- a run handed back (a draining worker) did not stall: undo its claim's count
+    UPDATE runledger.runs
+    SET status = 'queued', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        stalled_claims = greatest(stalled_claims - 1, 0),
+        available_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token;
+    PERFORM runledger._event(p_run_id, 'lease_released', r.lease_owner, p_fencing_token,
+                             r.state_version, '{}'::jsonb);
+    PERFORM runledger._notify_queued(r.flow, r.flow_version);
+END
+$$;
+
+-- A worker that hit an error of its own (not a lost lease) hands the run back with a
+-- reason. Unlike the clean hand-back above, the claim's stalled count stays: a run that
+-- keeps hitting a worker bug still ends up as a crash loop.
+CREATE FUNCTION runledger.release_lease(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                        p_reason text, p_error jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 200 THEN
+        PERFORM runledger._raise('RL006', 'reason must be 1-200 characters', NULL, NULL);
+    END IF;
+    PERFORM runledger._check_json_object_or_null('error', p_error);
+    UPDATE runledger.runs
+    SET status = 'queued', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        available_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token;
+    PERFORM runledger._event(p_run_id, 'lease_released', r.lease_owner, p_fencing_token,
+        r.state_version, jsonb_build_object('reason', p_reason, 'error', p_error));
+    PERFORM runledger._notify_queued(r.flow, r.flow_version);
+END
+$$;
+
+-- A worker whose write was refused records that, in its own transaction, naming itself.
+-- The stale token goes in detail; the fencing_token column only carries current tokens.
+CREATE FUNCTION runledger.report_stale_write(p_run_id text, p_worker_id text, p_lease_id uuid,
+                                             p_fencing_token bigint, p_operation text,
+                                             p_message text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+BEGIN
+    PERFORM runledger._check_run_id(p_run_id);
+    SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id;
+    PERFORM runledger._event(p_run_id, 'stale_write_rejected', left(p_worker_id, 200), NULL, NULL,
+        jsonb_build_object('operation', left(p_operation, 100), 'stale_lease_id', p_lease_id,
+                           'stale_token', p_fencing_token, 'current_token', r.fencing_token,
+                           'current_owner', r.lease_owner, 'message', left(p_message, 2000)));
+END
+$$;
+
+CREATE FUNCTION runledger.register_worker(p_worker_id text, p_hostname text, p_pid int,
+                                          p_flows text[])
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := runledger.now();
+BEGIN
+    PERFORM runledger._check_worker_id(p_worker_id);
+    PERFORM runledger._parse_flows(p_flows);
+    INSERT INTO runledger.workers (worker_id, hostname, pid, flows, started_at, heartbeat_at)
+    VALUES (p_worker_id, coalesce(p_hostname, ''), coalesce(p_pid, 0), p_flows, v_now, v_now)
+    ON CONFLICT ON CONSTRAINT pk_workers DO UPDATE
+    SET hostname = excluded.hostname, pid = excluded.pid, flows = excluded.flows,
+        started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, stopped_at = NULL;
+END
+$$;
+
+CREATE FUNCTION runledger.heartbeat_worker(p_worker_id text, p_stopped boolean DEFAULT false)
+RETURNS void
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    UPDATE runledger.workers
+    SET heartbeat_at = runledger.now(),
+        stopped_at = CASE WHEN p_stopped THEN runledger.now() ELSE stopped_at END
+    WHERE worker_id = p_worker_id;
+$$;

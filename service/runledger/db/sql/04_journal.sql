@@ -1,0 +1,278 @@
+-- ---------------------------------------------------------------------------------
+-- The journal: checkpoints, turns, calls, and the end of a run
+-- ---------------------------------------------------------------------------------
+
+CREATE FUNCTION runledger.checkpoint(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                     p_expected_version bigint, p_state jsonb)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    PERFORM runledger._check_json_object('state', p_state);
+    IF p_expected_version IS DISTINCT FROM r.state_version THEN
+        PERFORM runledger._raise('RL002',
+            format('state version conflict on run %s', p_run_id),
+            format('expected state_version %s, the run is at %s (token %s)',
+                   coalesce(p_expected_version::text, 'NULL'), r.state_version, p_fencing_token),
+            'reload the run state and decide again');
+    END IF;
+    UPDATE runledger.runs
+    SET state = p_state, state_version = r.state_version + 1, stalled_claims = 0,
+        updated_at = runledger.now()
+    WHERE run_id = p_run_id AND state_version = r.state_version AND lease_id = p_lease_id;
+    PERFORM runledger._event(p_run_id, 'checkpoint', r.lease_owner, p_fencing_token,
+                             r.state_version + 1, '{}'::jsonb);
+    RETURN r.state_version + 1;
+END
+$$;
+
+CREATE FUNCTION runledger.record_turn(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                      p_turn int, p_calls jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_next integer;
+    v_existing jsonb;
+    v_call jsonb;
+    v_ids text[] := '{}';
+    v_pos integer := 0;
+    v_open integer;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    PERFORM runledger._check_json_value('calls', p_calls);
+    IF jsonb_typeof(p_calls) <> 'array' THEN
+        PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
+    END IF;
+    IF p_turn IS NULL OR p_turn < 0 THEN
+        PERFORM runledger._raise('RL006', 'turn must be a non-negative integer', NULL, NULL);
+    END IF;
+
+    SELECT t.calls INTO v_existing FROM runledger.run_turns t
+    WHERE t.run_id = p_run_id AND t.turn = p_turn;
+    IF FOUND THEN
+        IF v_existing = p_calls THEN
+            RETURN;  -- the same decision again (a retried ambiguous commit): no-op
+        END IF;
+        PERFORM runledger._raise('RL004',
+            format('turn %s of run %s is already recorded with other calls', p_turn, p_run_id),
+            NULL, 'a recorded decision is never replaced: replay it');
+    END IF;
+
+    SELECT coalesce(max(t.turn) + 1, 0) INTO v_next FROM runledger.run_turns t
+    WHERE t.run_id = p_run_id;
+    IF p_turn <> v_next THEN
+        PERFORM runledger._raise('RL004',
+            format('turn %s of run %s is out of order', p_turn, p_run_id),
+            format('the next turn to record is %s', v_next), NULL);
+    END IF;
+    SELECT count(*) INTO v_open FROM runledger.run_calls c
+    WHERE c.run_id = p_run_id AND c.status NOT IN ('succeeded', 'failed');
+    IF v_open > 0 THEN
+        PERFORM runledger._raise('RL004',
+            format('run %s has %s call(s) without a final result', p_run_id, v_open),
+            NULL, 'complete every call of the previous turn before recording the next');
+    END IF;
+
+    FOR v_call IN SELECT e FROM jsonb_array_elements(p_calls) AS e LOOP
+        IF jsonb_typeof(v_call) <> 'object' THEN
+            PERFORM runledger._raise('RL006', 'each call must be a JSON object', NULL, NULL);
+        END IF;
+        IF jsonb_typeof(v_call -> 'call_id') IS DISTINCT FROM 'string'
+           OR (v_call ->> 'call_id') !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' THEN
+            PERFORM runledger._raise('RL006',
+                format('invalid call id %s', coalesce(left(v_call ->> 'call_id', 100), 'NULL')),
+                'a call id is 1-64 characters of [A-Za-z0-9._-]', NULL);
+        END IF;
+        IF (v_call ->> 'call_id') = ANY (v_ids) THEN
+            PERFORM runledger._raise('RL006',
+                format('call id %s appears twice in turn %s', v_call ->> 'call_id', p_turn),
+                NULL, NULL);
+        END IF;
+        IF jsonb_typeof(v_call -> 'tool') IS DISTINCT FROM 'string'
+           OR (v_call ->> 'tool') !~ '^[A-Za-z_][A-Za-z0-9._-]{0,127}$' THEN
+            PERFORM runledger._raise('RL006',
+                format('invalid tool name %s', coalesce(left(v_call ->> 'tool', 100), 'NULL')),
+                NULL, NULL);
+        END IF;
+        IF jsonb_typeof(coalesce(v_call -> 'args', '{}'::jsonb)) <> 'object' THEN
+            PERFORM runledger._raise('RL006',
+                format('args of call %s must be a JSON object', v_call ->> 'call_id'), NULL, NULL);
+        END IF;
+        v_ids := v_ids || (v_call ->> 'call_id');
+    END LOOP;
+
+    INSERT INTO runledger.run_turns (run_id, turn, calls, fencing_token, created_at)
+    VALUES (p_run_id, p_turn, p_calls, p_fencing_token, runledger.now());
+
+    FOR v_call IN SELECT e FROM jsonb_array_elements(p_calls) AS e LOOP
+        INSERT INTO runledger.run_calls (run_id, turn, call_id, position, tool, args,
+                                         idempotency_key, status, attempts)
+        VALUES (p_run_id, p_turn, v_call ->> 'call_id', v_pos, v_call ->> 'tool',
+                coalesce(v_call -> 'args', '{}'::jsonb),
+                p_run_id || ':' || p_turn || ':' || (v_call ->> 'call_id'), 'planned', 0);
+        v_pos := v_pos + 1;
+    END LOOP;
+
+    UPDATE runledger.runs SET stalled_claims = 0, updated_at = runledger.now()
+    WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    PERFORM runledger._event(p_run_id, 'turn_recorded', r.lease_owner, p_fencing_token,
+        r.state_version, jsonb_build_object('turn', p_turn, 'calls', jsonb_array_length(p_calls)));
+END
+$$;
+CREATE FUNCTION runledger.dispatch_call(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                        p_idempotency_key text)
+RETURNS int
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz := runledger.now();
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.status NOT IN ('planned', 'dispatched') THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s and cannot be dispatched', p_idempotency_key, c.status),
+            format('attempts %s, last token %s', c.attempts,
+                   coalesce(c.completed_token, c.dispatched_token)),
+            CASE c.status WHEN 'unknown'
+                 THEN 'an operator must resolve it (runledger resolve)'
+                 ELSE 'the call already has a final result: reuse it' END);
+    END IF;
+    UPDATE runledger.run_calls
+    SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
+        dispatched_by = r.lease_owner, dispatched_at = v_now
+    WHERE idempotency_key = p_idempotency_key AND status IN ('planned', 'dispatched');
+    PERFORM runledger._event(p_run_id, 'call_dispatched', r.lease_owner, p_fencing_token,
+        r.state_version, jsonb_build_object('idempotency_key', p_idempotency_key,
+                                            'tool', c.tool, 'attempt', c.attempts + 1,
+                                            'previous_status', c.status));
+    RETURN c.attempts + 1;
+END
+$$;
+
+CREATE FUNCTION runledger.complete_call(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                        p_idempotency_key text, p_outcome text,
+                                        p_result jsonb, p_receipt jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz := runledger.now();
+    v_detail jsonb;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    -- not_applied: the effect certainly did not happen and the call will be sent again
+    -- with the same key; it goes back to planned, so no one mistakes it for in flight.
+    PERFORM runledger._check_word('outcome', p_outcome,
+                                  ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
+    PERFORM runledger._check_json_value_or_null('result', p_result);
+    PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.status <> 'dispatched' THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s, not dispatched', p_idempotency_key, c.status),
+            NULL, 'dispatch_call must be committed before the tool runs');
+    END IF;
+    UPDATE runledger.run_calls
+    SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
+        result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
+        receipt = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_receipt END,
+        error = CASE WHEN p_outcome = 'succeeded' THEN NULL ELSE p_result END,
+        completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
+        completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
+        completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
+    WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
+    UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
+    WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', c.tool,
+                                   'attempt', c.attempts);
+    CASE p_outcome
+        WHEN 'succeeded' THEN
+            PERFORM runledger._event(p_run_id, 'call_succeeded', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'failed' THEN
+            PERFORM runledger._event(p_run_id, 'call_failed', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'unknown' THEN
+            PERFORM runledger._event(p_run_id, 'call_unknown', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'not_applied' THEN
+            PERFORM runledger._event(p_run_id, 'call_not_applied', r.lease_owner,
+                                     p_fencing_token, r.state_version, v_detail);
+    END CASE;
+END
+$$;
+
+CREATE FUNCTION runledger.finish_run(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                     p_status text, p_result jsonb, p_reason text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+    v_open integer;
+    v_detail jsonb;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    PERFORM runledger._check_word('status', p_status, ARRAY['succeeded', 'failed', 'paused']);
+    PERFORM runledger._check_json_value_or_null('result', p_result);
+    IF p_status = 'succeeded' THEN
+        SELECT count(*) INTO v_open FROM runledger.run_calls c
+        WHERE c.run_id = p_run_id AND c.status NOT IN ('succeeded', 'failed');
+        IF v_open > 0 THEN
+            PERFORM runledger._raise('RL004',
+                format('run %s cannot succeed with %s open call(s)', p_run_id, v_open),
+                NULL, 'complete or pause first');
+        END IF;
+    ELSIF p_status = 'failed' THEN
+        -- A call that may have taken effect must stay reconcilable: a failed run could
+        -- never be resumed, so its ambiguous calls would stay ambiguous for good.
+        SELECT count(*) INTO v_open FROM runledger.run_calls c
+        WHERE c.run_id = p_run_id AND c.status IN ('dispatched', 'unknown');
+        IF v_open > 0 THEN
+            PERFORM runledger._raise('RL004',
+                format('run %s cannot fail with %s call(s) in flight or unknown', p_run_id, v_open),
+                NULL, 'mark in-flight calls unknown and pause the run for a person instead');
+        END IF;
+    END IF;
+    UPDATE runledger.runs
+    SET status = p_status,
+        result = CASE WHEN p_status = 'succeeded' THEN p_result END,
+        error = CASE WHEN p_status = 'failed'
+                     THEN jsonb_build_object('reason', p_reason) || coalesce(
+                          CASE WHEN jsonb_typeof(p_result) = 'object' THEN p_result END, '{}')
+                END,
+        pause_reason = CASE WHEN p_status = 'paused' THEN coalesce(p_reason, 'paused') END,
+        lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        finished_at = CASE WHEN p_status = 'paused' THEN NULL ELSE v_now END,
+        updated_at = v_now
+    WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token;
+    v_detail := jsonb_strip_nulls(jsonb_build_object('reason', p_reason));
+    CASE p_status
+        WHEN 'succeeded' THEN
+            PERFORM runledger._event(p_run_id, 'run_succeeded', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'failed' THEN
+            PERFORM runledger._event(p_run_id, 'run_failed', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'paused' THEN
+            PERFORM runledger._event(p_run_id, 'run_paused', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+    END CASE;
+END
+$$;

@@ -1,0 +1,160 @@
+-- ---------------------------------------------------------------------------------
+-- Operator functions: resolve, cancel, retry; retention
+-- ---------------------------------------------------------------------------------
+
+CREATE FUNCTION runledger.resolve_call(p_idempotency_key text, p_resolution text,
+                                       p_receipt jsonb, p_actor text, p_note text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_run_id text;
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz := runledger.now();
+    v_left integer;
+BEGIN
+    PERFORM runledger._check_word('resolution', p_resolution,
+                                  ARRAY['applied', 'not_applied', 'abandoned']);
+    PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
+    IF p_actor IS NULL OR length(p_actor) NOT BETWEEN 1 AND 200 THEN
+        PERFORM runledger._raise('RL006', 'actor must be 1-200 characters', NULL, NULL);
+    END IF;
+    SELECT x.run_id INTO v_run_id FROM runledger.run_calls x WHERE x.idempotency_key = p_idempotency_key;
+    IF NOT FOUND THEN
+        PERFORM runledger._raise('RL003', format('call %s not found', p_idempotency_key), NULL, NULL);
+    END IF;
+    r := runledger._lock_run(v_run_id);           -- the run row first, then the call
+    c := runledger._lock_call(v_run_id, p_idempotency_key);
+    -- A running run's holder may still be deciding about the call: resolve only calls
+    -- of runs nobody holds (paused, and cancelled or failed ones, for the ledger's sake).
+    IF c.status <> 'unknown' OR r.status NOT IN ('paused', 'cancelled', 'failed') THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s in a %s run; only unknown calls of paused, cancelled or '
+                   'failed runs are resolved', p_idempotency_key, c.status, r.status), NULL, NULL);
+    END IF;
+    UPDATE runledger.run_calls
+    SET status = CASE p_resolution WHEN 'applied' THEN 'succeeded'
+                                   WHEN 'not_applied' THEN 'planned'
+                                   ELSE 'failed' END,
+        result = CASE WHEN p_resolution = 'applied' THEN coalesce(p_receipt, '{}'::jsonb) END,
+        receipt = CASE WHEN p_resolution = 'applied' THEN p_receipt END,
+        -- A call resolved as applied is a succeeded call like any other: no error. The
+        -- error reported with the unknown outcome stays in the call_resolved event.
+        error = CASE WHEN p_resolution = 'abandoned'
+                     THEN jsonb_strip_nulls(jsonb_build_object('reason', 'abandoned', 'note', p_note))
+                END,
+        resolved_by = p_actor, resolved_at = v_now, resolution_note = p_note
+    WHERE idempotency_key = p_idempotency_key AND status = 'unknown';
+    PERFORM runledger._event(v_run_id, 'call_resolved', p_actor, NULL, r.state_version,
+        jsonb_strip_nulls(jsonb_build_object('idempotency_key', p_idempotency_key,
+                                             'resolution', p_resolution, 'note', p_note,
+                                             'unknown_error', c.error)));
+    SELECT count(*) INTO v_left FROM runledger.run_calls x
+    WHERE x.run_id = v_run_id AND x.status = 'unknown';
+    IF v_left = 0 AND r.status = 'paused' THEN
+        UPDATE runledger.runs
+        SET status = 'queued', pause_reason = NULL, available_at = v_now, updated_at = v_now
+        WHERE run_id = v_run_id AND status = 'paused';
+        PERFORM runledger._event(v_run_id, 'run_requeued', p_actor, NULL, r.state_version,
+                                 jsonb_build_object('after', 'resolve_call'));
+        PERFORM runledger._notify_queued(r.flow, r.flow_version);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION runledger.cancel_run(p_run_id text, p_actor text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+BEGIN
+    r := runledger._lock_run(p_run_id);
+    IF r.status = 'cancelled' THEN
+        RETURN;
+    END IF;
+    IF r.status IN ('succeeded', 'failed') THEN
+        PERFORM runledger._raise('RL004',
+            format('run %s already %s', p_run_id, r.status), NULL, NULL);
+    END IF;
+    UPDATE runledger.runs
+    SET status = 'cancelled', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        error = jsonb_strip_nulls(jsonb_build_object('reason', 'cancelled', 'note', p_reason)),
+        finished_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id AND status IN ('queued', 'running', 'paused');
+    -- A call in flight may have taken effect: it becomes unknown, for a person to
+    -- reconcile (resolve_call works on cancelled runs), instead of dispatched forever.
+    UPDATE runledger.run_calls
+    SET status = 'unknown',
+        error = jsonb_build_object('reason', 'cancelled while in flight'),
+        completed_at = v_now
+    WHERE run_id = p_run_id AND status = 'dispatched';
+    PERFORM runledger._event(p_run_id, 'run_cancelled', coalesce(p_actor, 'operator'), NULL,
+        r.state_version, jsonb_strip_nulls(jsonb_build_object(
+            'reason', p_reason, 'previous_status', r.status, 'previous_owner', r.lease_owner)));
+END
+$$;
+
+CREATE FUNCTION runledger.retry_run(p_run_id text, p_actor text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz := runledger.now();
+    v_unknown integer;
+BEGIN
+    r := runledger._lock_run(p_run_id);
+    IF r.status NOT IN ('failed', 'paused') THEN
+        PERFORM runledger._raise('RL004',
+            format('run %s is %s; only failed or paused runs are retried', p_run_id, r.status),
+            NULL, NULL);
+    END IF;
+    SELECT count(*) INTO v_unknown FROM runledger.run_calls x
+    WHERE x.run_id = p_run_id AND x.status = 'unknown';
+    IF v_unknown > 0 THEN
+        PERFORM runledger._raise('RL004',
+            format('run %s has %s unknown call(s)', p_run_id, v_unknown),
+            NULL, 'resolve them first: runledger resolve KEY applied|not_applied|abandoned');
+    END IF;
+    UPDATE runledger.runs
+    SET status = 'queued', pause_reason = NULL, error = NULL, finished_at = NULL,
+        stalled_claims = 0, available_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id AND status IN ('failed', 'paused');
+    PERFORM runledger._event(p_run_id, 'run_requeued', coalesce(p_actor, 'operator'), NULL,
+        r.state_version, jsonb_build_object('after', 'retry_run', 'previous_status', r.status));
+    PERFORM runledger._notify_queued(r.flow, r.flow_version);
+END
+$$;
+
+-- Retention: the only path allowed to delete events, calls and runs.
+CREATE FUNCTION runledger.prune_runs(p_before timestamptz, p_keep_events boolean)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_before IS NULL THEN
+        PERFORM runledger._raise('RL006', 'before must not be null', NULL, NULL);
+    END IF;
+    PERFORM set_config('runledger.pruning', 'on', true);
+    WITH gone AS (
+        DELETE FROM runledger.runs x
+        WHERE x.status IN ('succeeded', 'failed', 'cancelled') AND x.finished_at < p_before
+        RETURNING x.run_id
+    ), events AS (
+        DELETE FROM runledger.run_events e
+        WHERE NOT coalesce(p_keep_events, false) AND e.run_id IN (SELECT g.run_id FROM gone g)
+    )
+    SELECT count(*) INTO v_count FROM gone;
+    PERFORM set_config('runledger.pruning', 'off', true);
+    RETURN v_count;
+END
+$$;

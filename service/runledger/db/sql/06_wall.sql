@@ -1,0 +1,152 @@
+-- ---------------------------------------------------------------------------------
+-- The second wall: triggers that hold even for the owner's direct UPDATE
+-- ---------------------------------------------------------------------------------
+-- The guard functions are SECURITY DEFINER so that a refusal is always RL007 naming the
+-- invariant: run as the writer, a role granted UPDATE on a table (a DBA role) would get
+-- "permission denied for function _raise" instead, since helpers are not granted.
+
+CREATE FUNCTION runledger._guard_runs() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF current_setting('runledger.pruning', true) IS DISTINCT FROM 'on' THEN
+            PERFORM runledger._raise('RL007',
+                format('runs are deleted only by runledger.prune_runs (run %s)', OLD.run_id),
+                NULL, NULL);
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF NEW.run_id <> OLD.run_id THEN
+        PERFORM runledger._raise('RL007', format('run id %s cannot change', OLD.run_id), NULL, NULL);
+    END IF;
+    IF NEW.fencing_token < OLD.fencing_token THEN
+        PERFORM runledger._raise('RL007',
+            format('fencing_token of run %s cannot decrease', OLD.run_id),
+            format('from %s to %s', OLD.fencing_token, NEW.fencing_token), NULL);
+    END IF;
+    IF NEW.state_version < OLD.state_version THEN
+        PERFORM runledger._raise('RL007',
+            format('state_version of run %s cannot decrease', OLD.run_id),
+            format('from %s to %s', OLD.state_version, NEW.state_version), NULL);
+    END IF;
+    IF NEW.state_version > OLD.state_version + 1 THEN
+        PERFORM runledger._raise('RL007',
+            format('state_version of run %s moves by one at a time', OLD.run_id),
+            format('from %s to %s', OLD.state_version, NEW.state_version), NULL);
+    END IF;
+    IF NEW.state IS DISTINCT FROM OLD.state AND NEW.state_version <> OLD.state_version + 1 THEN
+        PERFORM runledger._raise('RL007',
+            format('a change of state on run %s must bump state_version by exactly one', OLD.run_id),
+            format('state_version %s -> %s', OLD.state_version, NEW.state_version), NULL);
+    END IF;
+    IF NEW.flow <> OLD.flow OR NEW.flow_version <> OLD.flow_version OR NEW.input <> OLD.input THEN
+        PERFORM runledger._raise('RL007',
+            format('flow, version and input of run %s are pinned', OLD.run_id), NULL, NULL);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER tg_runs_guard BEFORE UPDATE OR DELETE ON runledger.runs
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_runs();
+ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard;
+
+CREATE FUNCTION runledger._guard_run_calls() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF current_setting('runledger.pruning', true) IS DISTINCT FROM 'on' THEN
+            PERFORM runledger._raise('RL007',
+                format('calls are deleted only by runledger.prune_runs (%s)', OLD.idempotency_key),
+                NULL, NULL);
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF NEW.idempotency_key <> OLD.idempotency_key OR NEW.run_id <> OLD.run_id
+       OR NEW.turn <> OLD.turn OR NEW.call_id <> OLD.call_id OR NEW.tool <> OLD.tool
+       OR NEW.args <> OLD.args THEN
+        PERFORM runledger._raise('RL007',
+            format('call %s: key, tool and args are immutable', OLD.idempotency_key), NULL, NULL);
+    END IF;
+    IF OLD.status = 'succeeded' AND (NEW.status <> OLD.status
+        OR NEW.result IS DISTINCT FROM OLD.result OR NEW.receipt IS DISTINCT FROM OLD.receipt) THEN
+        PERFORM runledger._raise('RL007',
+            format('call %s succeeded; its result and receipt cannot be overwritten',
+                   OLD.idempotency_key),
+            format('receipt %s', OLD.receipt), NULL);
+    END IF;
+    IF NEW.attempts < OLD.attempts THEN
+        PERFORM runledger._raise('RL007',
+            format('attempts of call %s cannot decrease', OLD.idempotency_key), NULL, NULL);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER tg_run_calls_guard BEFORE UPDATE OR DELETE ON runledger.run_calls
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_run_calls();
+ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard;
+
+CREATE FUNCTION runledger._guard_run_turns() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('runledger.pruning', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    PERFORM runledger._raise('RL007',
+        format('turn %s of run %s is a recorded decision and cannot change', OLD.turn, OLD.run_id),
+        NULL, NULL);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER tg_run_turns_guard BEFORE UPDATE OR DELETE ON runledger.run_turns
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_run_turns();
+ALTER TABLE runledger.run_turns ENABLE ALWAYS TRIGGER tg_run_turns_guard;
+
+CREATE FUNCTION runledger._guard_run_events() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('runledger.pruning', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    PERFORM runledger._raise('RL007',
+        format('run_events is append-only (%s refused)', TG_OP), NULL,
+        'events are removed only by runledger.prune_runs');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER tg_run_events_guard BEFORE UPDATE OR DELETE ON runledger.run_events
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_run_events();
+ALTER TABLE runledger.run_events ENABLE ALWAYS TRIGGER tg_run_events_guard;
+CREATE TRIGGER tg_run_events_no_truncate BEFORE TRUNCATE ON runledger.run_events
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_run_events();
+ALTER TABLE runledger.run_events ENABLE ALWAYS TRIGGER tg_run_events_no_truncate;
+
+-- TRUNCATE fires no row trigger: without these, one statement by the owner would wipe
+-- the journal that the DELETE guards above protect.
+CREATE FUNCTION runledger._guard_truncate() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    PERFORM runledger._raise('RL007',
+        format('%s.%s cannot be truncated', TG_TABLE_SCHEMA, TG_TABLE_NAME), NULL,
+        'runs, turns and calls are removed only by runledger.prune_runs');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER tg_runs_no_truncate BEFORE TRUNCATE ON runledger.runs
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_truncate();
+ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_no_truncate;
+CREATE TRIGGER tg_run_turns_no_truncate BEFORE TRUNCATE ON runledger.run_turns
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_truncate();
+ALTER TABLE runledger.run_turns ENABLE ALWAYS TRIGGER tg_run_turns_no_truncate;
+CREATE TRIGGER tg_run_calls_no_truncate BEFORE TRUNCATE ON runledger.run_calls
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_truncate();
+ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_no_truncate;

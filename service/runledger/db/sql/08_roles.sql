@@ -1,0 +1,72 @@
+-- ---------------------------------------------------------------------------------
+-- Privileges and roles
+-- ---------------------------------------------------------------------------------
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA runledger FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA runledger FROM PUBLIC;
+
+DO $roles$
+DECLARE
+    v_role text;
+BEGIN
+    FOREACH v_role IN ARRAY ARRAY['runledger_worker', 'runledger_operator', 'runledger_auditor'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', v_role);
+            EXCEPTION WHEN insufficient_privilege OR duplicate_object THEN
+                RAISE WARNING 'runledger: could not create role % (%); create it as an admin and run "runledger migrate" again, or grant privileges by hand',
+                    v_role, SQLERRM;
+            END;
+        END IF;
+    END LOOP;
+
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_auditor') THEN
+        GRANT USAGE ON SCHEMA runledger TO runledger_auditor;
+        GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO runledger_auditor;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
+        GRANT USAGE ON SCHEMA runledger TO runledger_worker;
+        GRANT SELECT ON runledger.runs, runledger.run_turns, runledger.run_calls,
+                        runledger.run_events, runledger.workers, runledger.settings,
+                        runledger.run_timeline, runledger.effect_ledger, runledger.lease_history
+            TO runledger_worker;
+        GRANT EXECUTE ON FUNCTION
+            runledger.now(),
+            runledger.submit_run(text, text, text, jsonb, int, timestamptz),
+            runledger.claim_runs(text, text[], interval, int),
+            runledger.renew_leases(text, text[], uuid[], interval),
+            runledger.checkpoint(text, uuid, bigint, bigint, jsonb),
+            runledger.record_turn(text, uuid, bigint, int, jsonb),
+            runledger.dispatch_call(text, uuid, bigint, text),
+            runledger.complete_call(text, uuid, bigint, text, text, jsonb, jsonb),
+            runledger.finish_run(text, uuid, bigint, text, jsonb, text),
+            runledger.release_lease(text, uuid, bigint),
+            runledger.release_lease(text, uuid, bigint, text, jsonb),
+            runledger.report_stale_write(text, text, uuid, bigint, text, text),
+            runledger.register_worker(text, text, int, text[]),
+            runledger.heartbeat_worker(text, boolean)
+        TO runledger_worker;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_operator') THEN
+        IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker')
+           AND NOT pg_has_role('runledger_operator', 'runledger_worker', 'MEMBER') THEN
+            BEGIN
+                GRANT runledger_worker TO runledger_operator;
+            EXCEPTION WHEN insufficient_privilege THEN
+                RAISE WARNING 'runledger: could not make runledger_operator a member of runledger_worker (%); grant it as an admin',
+                    SQLERRM;
+            END;
+        END IF;
+        GRANT USAGE ON SCHEMA runledger TO runledger_operator;
+        GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO runledger_operator;
+        GRANT EXECUTE ON FUNCTION
+            runledger.now(),
+            runledger.submit_run(text, text, text, jsonb, int, timestamptz),
+            runledger.resolve_call(text, text, jsonb, text, text),
+            runledger.cancel_run(text, text, text),
+            runledger.retry_run(text, text),
+            runledger.prune_runs(timestamptz, boolean)
+        TO runledger_operator;
+    END IF;
+END
+$roles$;
