@@ -109,3 +109,35 @@ async def test_store_renewal_of_a_lost_lease_returns_nothing(
 
     assert await store.renew_leases("w1", ["r1"], [c.lease_id], LEASE) == []
     assert [e.kind for e in await store.list_events("r1")][-1] == "renewal_failed"
+
+
+async def test_release_lease_hands_the_run_back(store: Any, admin_conn: Conn) -> None:
+    await store.submit_run("r1", "demo", "1", {})
+    [c] = await store.claim_runs("w1", ["demo@1"], LEASE, 1)
+    assert await store.release_lease("r1", c.lease_id, c.fencing_token) is None
+    run = run_row(admin_conn, "r1")
+    assert (run["status"], run["lease_id"]) == ("queued", None)
+    [released] = events(admin_conn, "r1", "lease_released")
+    assert (released["fencing_token"], released["detail"]) == (c.fencing_token, {})
+
+
+@pytest.mark.parametrize(
+    ("reason", "error", "message"),
+    [
+        ("", None, "reason must be 1-200 characters, got 0"),
+        ("x" * 201, None, "reason must be 1-200 characters, got 201"),
+        ("a\x00b", None, "reason contains a NUL character"),
+        (7, None, "reason must be a string, got int"),
+        ("draining", ["not", "an", "object"], "error must be a JSON object, got list"),
+        ("draining", {"bad": "\x00"}, "error contains a NUL character at .bad"),
+        (None, {"type": "Boom"}, "a release with an error needs a reason"),
+    ],
+)
+async def test_release_lease_checks_reason_and_error_before_sending(
+    store: Any, admin_conn: Conn, reason: Any, error: Any, message: str
+) -> None:
+    await store.submit_run("r1", "demo", "1", {})
+    [c] = await store.claim_runs("w1", ["demo@1"], LEASE, 1)
+    with unchanged(admin_conn), pytest.raises(errors.InvalidInput) as info:
+        await store.release_lease("r1", c.lease_id, c.fencing_token, reason=reason, error=error)
+    assert info.value.message == message

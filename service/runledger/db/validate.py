@@ -24,10 +24,13 @@ def _encodable(what: str, value: str, where: str = "") -> None:
         raise InvalidInput(f"{what} is not valid Unicode{where}: {exc.reason}") from None
 
 
-def check_text(what: str, value: object) -> None:
+def check_text(what: str, value: object, *, max_chars: int | None = None) -> None:
+    """A string PostgreSQL can store; with ``max_chars``, also 1 to ``max_chars`` characters."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
     _encodable(what, value)
+    if max_chars is not None and not 1 <= len(value) <= max_chars:
+        raise InvalidInput(f"{what} must be 1-{max_chars} characters, got {len(value)}")
 
 
 def _walk(what: str, value: Any, path: str) -> None:

@@ -1,0 +1,96 @@
+"""The store's reads: runs, calls, the journal, events. All safe to repeat."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runledger import errors
+from runledger.db.execution import Executor
+from runledger.db.rows import Journal, call_from_row, run_from_row
+from runledger.db.validate import check_text
+from runledger.model import RUN_ID_RE, Call, Event, Run
+
+
+class Reads(Executor):
+    async def get_run(self, run_id: str) -> Run:
+        check_text("run id", run_id)
+        if not RUN_ID_RE.fullmatch(run_id):
+            raise errors.InvalidInput(f"invalid run id {run_id[:200]!r}", run_id=None)
+        rows = await self._read(
+            "SELECT * FROM runledger.runs WHERE run_id = %s", (run_id,), fields={"run_id": run_id}
+        )
+        if not rows:
+            raise errors.RunNotFound(f"run {run_id} not found", run_id=run_id)
+        return run_from_row(rows[0])
+
+    async def get_call(self, idempotency_key: str) -> Call:
+        check_text("idempotency key", idempotency_key)
+        rows = await self._read(
+            "SELECT * FROM runledger.run_calls WHERE idempotency_key = %s", (idempotency_key,)
+        )
+        if not rows:
+            raise errors.RunNotFound(f"call {idempotency_key} not found")
+        return call_from_row(rows[0])
+
+    async def list_calls(self, run_id: str) -> list[Call]:
+        check_text("run id", run_id)
+        rows = await self._read(
+            "SELECT * FROM runledger.run_calls WHERE run_id = %s ORDER BY turn, position",
+            (run_id,),
+        )
+        return [call_from_row(r) for r in rows]
+
+    async def load_journal(self, run_id: str) -> Journal:
+        """The run's recorded turns and calls, and its stalled-claim count, in one round trip."""
+        check_text("run id", run_id)
+        rows = await self._read(
+            """SELECT r.stalled_claims,
+                      (SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls)
+                                                ORDER BY t.turn), '[]'::json)
+                       FROM runledger.run_turns t WHERE t.run_id = r.run_id) AS turns,
+                      (SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json)
+                       FROM runledger.run_calls c WHERE c.run_id = r.run_id) AS calls
+               FROM runledger.runs r WHERE r.run_id = %s""",
+            (run_id,),
+            fields={"run_id": run_id},
+        )
+        if not rows:
+            raise errors.RunNotFound(f"run {run_id} not found", run_id=run_id)
+        row = rows[0]
+        return Journal(
+            stalled_claims=row["stalled_claims"],
+            turns=[(int(t["turn"]), list(t["calls"])) for t in row["turns"]],
+            calls=[call_from_row(c) for c in row["calls"]],
+        )
+
+    async def list_turns(self, run_id: str) -> list[tuple[int, list[dict[str, Any]]]]:
+        check_text("run id", run_id)
+        rows = await self._read(
+            "SELECT turn, calls FROM runledger.run_turns WHERE run_id = %s ORDER BY turn",
+            (run_id,),
+        )
+        return [(int(r["turn"]), list(r["calls"])) for r in rows]
+
+    async def list_events(self, run_id: str) -> list[Event]:
+        check_text("run id", run_id)
+        rows = await self._read(
+            "SELECT * FROM runledger.run_events WHERE run_id = %s ORDER BY event_id", (run_id,)
+        )
+        return [
+            Event(
+                event_id=r["event_id"],
+                run_id=r["run_id"],
+                at=r["at"],
+                kind=r["kind"],
+                actor=r["actor"],
+                fencing_token=r["fencing_token"],
+                state_version=r["state_version"],
+                detail=r["detail"],
+            )
+            for r in rows
+        ]
+
+    async def known_flows(self) -> set[str]:
+        """Every ``name@version`` a worker ever registered."""
+        rows = await self._read("SELECT DISTINCT unnest(flows) AS flow FROM runledger.workers", ())
+        return {r["flow"] for r in rows}

@@ -1,0 +1,74 @@
+"""What a write of the store did, as typed values.
+
+A write's result is built either from the function's reply or, when the connection
+dropped while the statement was in flight, by its read-back (:mod:`runledger.db.landed`)
+from what the row and the journal show. Both paths give the same value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runledger.model import CallStatus, IdempotencyKey, Outcome, Resolution, RunId, RunStatus
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dispatched:
+    idempotency_key: IdempotencyKey
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpointed:
+    run_id: RunId
+    state_version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completed:
+    idempotency_key: IdempotencyKey
+    outcome: Outcome
+    status: CallStatus  # what the outcome leaves: not_applied -> planned
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finished:
+    run_id: RunId
+    status: RunStatus
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Released:
+    run_id: RunId
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolved:
+    idempotency_key: IdempotencyKey
+    resolution: Resolution
+    status: CallStatus  # applied -> succeeded, not_applied -> planned, abandoned -> failed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requeued:
+    run_id: RunId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pruned:
+    runs: int
+
+
+CALL_STATUS_AFTER: dict[Outcome, CallStatus] = {
+    Outcome.SUCCEEDED: CallStatus.SUCCEEDED,
+    Outcome.FAILED: CallStatus.FAILED,
+    Outcome.UNKNOWN: CallStatus.UNKNOWN,
+    Outcome.NOT_APPLIED: CallStatus.PLANNED,  # certainly no effect: to be sent again
+}
+
+RESOLVED_STATUS: dict[Resolution, CallStatus] = {
+    Resolution.APPLIED: CallStatus.SUCCEEDED,
+    Resolution.NOT_APPLIED: CallStatus.PLANNED,
+    Resolution.ABANDONED: CallStatus.FAILED,
+}
