@@ -121,6 +121,21 @@ async def test_release_lease_hands_the_run_back(store: Any, admin_conn: Conn) ->
     assert (released["fencing_token"], released["detail"]) == (c.fencing_token, {})
 
 
+async def test_release_lease_with_a_reason_keeps_the_stall_count_and_says_why(
+    store: Any, admin_conn: Conn
+) -> None:
+    await store.submit_run("r1", "demo", "1", {})
+    [c] = await store.claim_runs("w1", ["demo@1"], LEASE, 1)
+    error = {"type": "RuntimeError", "message": "boom"}
+    await store.release_lease("r1", c.lease_id, c.fencing_token, reason="worker_error", error=error)
+    run = run_row(admin_conn, "r1")
+    assert (run["status"], run["lease_id"], run["stalled_claims"]) == ("queued", None, 1)
+    [released] = events(admin_conn, "r1", "lease_released")
+    assert released["detail"] == {"reason": "worker_error", "error": error}
+    with unchanged(admin_conn), pytest.raises(errors.LeaseLost):  # the lease is gone now
+        await store.release_lease("r1", c.lease_id, c.fencing_token, reason="again")
+
+
 @pytest.mark.parametrize(
     ("reason", "error", "message"),
     [

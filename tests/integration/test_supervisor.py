@@ -196,6 +196,11 @@ async def test_an_unexpected_error_in_the_executor_releases_the_lease(
     released = kinds.index(("lease_released", 1))
     assert kinds[released + 1] == ("claimed", 2)  # handed back, not taken over after expiry
     assert ("takeover", 2) not in kinds
+    # the hand-back says why, so an operator sees the bug in the timeline
+    event = (await db.events("sup-3", "lease_released"))[0]
+    assert event["detail"]["reason"] == "worker_error"
+    assert event["detail"]["error"]["type"] == "RuntimeError"
+    assert "database gone" in event["detail"]["error"]["message"]
     # the call in flight was recovered by its safety class: same key, next attempt
     assert rec.calls_of("act") == [("act", "sup-3:0:c0", 1, 1), ("act", "sup-3:0:c0", 2, 2)]
     [call] = await db.calls("sup-3")

@@ -136,7 +136,12 @@ class Calls:
             active,
             "dispatch_call",
             self.writes.store.dispatch_call(
-                c.run_id, c.lease_id, c.fencing_token, call.idempotency_key
+                c.run_id,
+                c.lease_id,
+                c.fencing_token,
+                call.idempotency_key,
+                # attempts only grow while we hold the lease: the count before this send
+                attempts_seen=known.attempts + known.tries,
             ),
         )
         self.crash.hit("after_dispatch", tool.name)

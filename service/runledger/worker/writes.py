@@ -97,31 +97,11 @@ class Writes:
         event. A refusal (the lease is gone already) is recorded, not raised."""
         c = active.claim
         try:
-            await self._release_call(c.run_id, c.lease_id, c.fencing_token, reason, error)
+            await self.store.release_lease(
+                c.run_id, c.lease_id, c.fencing_token, reason=reason, error=error
+            )
         except errors.LeaseLost as exc:
             await self.report_stale(active, exc)
-
-    def _release_call(
-        self,
-        run_id: str,
-        lease_id: Any,
-        fencing_token: int,
-        reason: str | None,
-        error: dict[str, Any] | None,
-    ) -> Awaitable[None]:
-        if reason is None and error is None:
-            return self.store.release_lease(run_id, lease_id, fencing_token)
-        release: Any = self.store.release_lease
-        try:
-            aw: Awaitable[None] = release(
-                run_id, lease_id, fencing_token, reason=reason, error=error
-            )
-        except TypeError:
-            # a Store without release_lease(..., reason, error) yet: release without
-            # the detail rather than leave the lease to expire. Remove once the
-            # overload is merged (the 3-argument form undoes the claim's stall count)
-            aw = self.store.release_lease(run_id, lease_id, fencing_token)
-        return aw
 
     async def report_stale(self, active: ActiveRun, exc: errors.LeaseLost) -> None:
         """Record the refusal in its own transaction; shielded from the run's cancellation."""
