@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from runledger import errors
+from runledger.db import decode
 from runledger.db.execution import map_error, word
 from runledger.db.landed import FINISHED_STATUS, ReadBacks
 from runledger.db.results import (
@@ -83,6 +84,7 @@ class Store(ReadBacks):
             },
             open=False,
             name="runledger",
+            configure=decode.configure,  # one undecodable value never fails a whole batch
         )
         await pool.open(wait=True, timeout=30)
         return cls(pool, **kwargs)
