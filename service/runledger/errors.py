@@ -83,7 +83,11 @@ class InvariantViolation(RunLedgerError):
 
 
 class DatabaseUnavailable(RunLedgerError):
-    """The database could not be reached after retrying."""
+    """The database could not be reached (down, wrong host, role or database name)."""
+
+
+class SchemaMissing(RunLedgerError):
+    """The database has no runledger schema, or an older one: run ``runledger migrate``."""
 
 
 class ConfigurationError(RunLedgerError):
