@@ -82,6 +82,12 @@ class InvariantViolation(RunLedgerError):
     sqlstate = "RL007"
 
 
+class WorkerConflict(RunLedgerError):
+    """The worker id is registered by another database session that is still alive."""
+
+    sqlstate = "RL008"
+
+
 class DatabaseUnavailable(RunLedgerError):
     """The database could not be reached (down, wrong host, role or database name)."""
 
@@ -104,6 +110,7 @@ REGISTRY: dict[str, type[RunLedgerError]] = {
         RunConflict,
         InvalidInput,
         InvariantViolation,
+        WorkerConflict,
     )
     if cls.sqlstate is not None
 }

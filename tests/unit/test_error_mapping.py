@@ -25,6 +25,7 @@ DESIGN_TABLE = {
     "RL005": errors.RunConflict,
     "RL006": errors.InvalidInput,
     "RL007": errors.InvariantViolation,
+    "RL008": errors.WorkerConflict,
 }
 
 

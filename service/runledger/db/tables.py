@@ -60,11 +60,13 @@ settings: Final = Table(
     Column("singleton", Boolean, nullable=False, server_default=text("true")),
     Column("max_payload_bytes", Integer, nullable=False, server_default=text("1048576")),
     Column("clock_offset", INTERVAL, nullable=False, server_default=text("'00:00:00'::interval")),
+    Column("max_json_depth", Integer, nullable=False, server_default=text("64")),
     # 0001 declares this key inline, so PostgreSQL named it; the convention would say
     # pk_settings. Kept as created until a revision renames it.
     PrimaryKeyConstraint("singleton", name="settings_pkey"),
     CheckConstraint("singleton", name="singleton"),
     CheckConstraint("max_payload_bytes BETWEEN 1024 AND 268435456", name="max_payload_bytes"),
+    CheckConstraint("max_json_depth BETWEEN 1 AND 1000", name="max_json_depth"),
 )
 
 runs: Final = Table(
@@ -202,6 +204,10 @@ workers: Final = Table(
     Column("started_at", _tstz(), nullable=False),
     Column("heartbeat_at", _tstz(), nullable=False),
     Column("stopped_at", _tstz(), nullable=True),
+    # the database session that registered (register_worker): the id is refused to another
+    # session while this one is alive
+    Column("session_pid", Integer, nullable=True),
+    Column("session_started_at", _tstz(), nullable=True),
     PrimaryKeyConstraint("worker_id"),
 )
 

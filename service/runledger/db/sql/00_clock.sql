@@ -6,13 +6,14 @@
 -- `alembic upgrade head` give the same catalog. Change a function here AND in a new
 -- revision, never in a merged one.
 --
---   00_clock.sql     schema runledger; settings (one row: payload cap, test clock offset);
---                    runledger.now(), the only clock
+--   00_clock.sql     schema runledger; settings (one row: payload cap, test clock offset,
+--                    JSON depth limit); runledger.now(), the only clock
 --   01_tables.sql    runs, run_turns, run_calls, run_events, workers; their indexes
---   02_helpers.sql   internal helpers, granted to no one: _raise; checks (_check_run_id,
---                    _check_worker_id, _check_lease, _check_flow, _check_json_*,
---                    _check_word, _parse_flows); _event (every event row); _notify_queued;
---                    locks (_lock_run, _lock_leased_run, _lock_call)
+--   02_helpers.sql   internal helpers, granted to no one: _raise; _cap (every cap on a text
+--                    or array argument); checks (_check_run_id, _check_text,
+--                    _check_worker_id, _check_lease, _check_flow, _check_json_depth,
+--                    _check_json_*, _check_word, _parse_flows); _event (every event row);
+--                    _notify_queued; locks (_lock_run, _lock_leased_run, _lock_call)
 --   03_leases.sql    submit_run, claim_runs, renew_leases, release_lease (3 and 5
 --                    arguments); worker registry: register_worker, heartbeat_worker,
 --                    report_stale_write
@@ -34,13 +35,16 @@ CREATE SCHEMA IF NOT EXISTS runledger;
 
 -- One row. clock_offset exists for tests only: it shifts runledger.now() for every
 -- session of this database. Workers cannot write it (no table writes), so a stale
--- worker cannot move the clock to keep its lease alive.
+-- worker cannot move the clock to keep its lease alive. max_json_depth: how deep every
+-- JSON argument may nest (runledger._check_json_depth says how depth is counted).
 CREATE TABLE runledger.settings (
     singleton boolean PRIMARY KEY DEFAULT true,
     max_payload_bytes integer NOT NULL DEFAULT 1048576,
     clock_offset interval NOT NULL DEFAULT interval '0',
+    max_json_depth integer NOT NULL DEFAULT 64,
     CONSTRAINT ck_settings_singleton CHECK (singleton),
-    CONSTRAINT ck_settings_max_payload_bytes CHECK (max_payload_bytes BETWEEN 1024 AND 268435456)
+    CONSTRAINT ck_settings_max_payload_bytes CHECK (max_payload_bytes BETWEEN 1024 AND 268435456),
+    CONSTRAINT ck_settings_max_json_depth CHECK (max_json_depth BETWEEN 1 AND 1000)
 );
 INSERT INTO runledger.settings DEFAULT VALUES;
 

@@ -113,5 +113,9 @@ CREATE TABLE runledger.workers (
     started_at timestamptz NOT NULL,
     heartbeat_at timestamptz NOT NULL,
     stopped_at timestamptz,
+    -- the database session that registered: register_worker refuses the id to another
+    -- session while this one is alive (NULL: registered before revision 0003)
+    session_pid integer,
+    session_started_at timestamptz,
     CONSTRAINT pk_workers PRIMARY KEY (worker_id)
 );

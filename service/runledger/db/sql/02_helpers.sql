@@ -30,14 +30,54 @@ BEGIN
 END
 $$;
 
+-- Caps on text arguments (characters) and on array arguments (elements): the one place
+-- they are written down, listed in docs/design.md ("Caps and limits"). IMMUTABLE: a call
+-- with a literal name is folded into a constant when the calling statement is planned.
+CREATE FUNCTION runledger._cap(p_name text) RETURNS integer
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    SELECT CASE p_name
+        WHEN 'worker_id' THEN 200
+        WHEN 'hostname' THEN 255
+        WHEN 'actor' THEN 200
+        WHEN 'release_reason' THEN 200
+        WHEN 'reason' THEN 1000
+        WHEN 'note' THEN 4000
+        WHEN 'operation' THEN 100
+        WHEN 'message' THEN 4000
+        WHEN 'idempotency_key' THEN 300
+        WHEN 'flows' THEN 1000
+        WHEN 'run_ids' THEN 10000
+    END
+$$;
+
+-- A text argument of p_min (0: NULL allowed; 1: NULL and '' refused) to p_max characters.
+-- Refused, never cut: a stored value is the value sent.
+CREATE FUNCTION runledger._check_text(p_what text, p_value text, p_min integer, p_max integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_length integer := length(p_value);
+BEGIN
+    IF (p_value IS NULL AND p_min > 0) OR v_length < p_min OR v_length > p_max THEN
+        PERFORM runledger._raise('RL006',
+            format('%s must be %s-%s characters, got %s', p_what, p_min, p_max,
+                   coalesce(v_length::text, 'NULL')),
+            format('%s starts %s', p_what, coalesce(quote_literal(left(p_value, 60)), 'NULL')),
+            'the caps of text arguments are listed in docs/design.md (Caps and limits)');
+    END IF;
+END
+$$;
+
 CREATE FUNCTION runledger._check_worker_id(p_worker_id text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
-    IF p_worker_id IS NULL OR length(p_worker_id) NOT BETWEEN 1 AND 200 THEN
-        PERFORM runledger._raise('RL006', 'worker id must be 1-200 characters', NULL, NULL);
-    END IF;
+    PERFORM runledger._check_text('worker id', p_worker_id, 1, runledger._cap('worker_id'));
 END
 $$;
 
@@ -74,30 +114,58 @@ BEGIN
 END
 $$;
 
+-- Nesting depth, counted so: a scalar is depth 0; an object or array is one more than its
+-- deepest member, so {} and {"a": 1} are depth 1, [[]] and {"a": [1]} depth 2. A value
+-- deeper than p_max has an object or array at level p_max (the root is level 0): jsonpath
+-- (C) looks for one and does not walk below that level.
+CREATE FUNCTION runledger._check_json_depth(p_what text, p_value jsonb, p_max integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF jsonb_path_exists(p_value, format(
+           'strict $.**{%s} ? (@.type() == "object" || @.type() == "array")', p_max)::jsonpath)
+    THEN
+        PERFORM runledger._raise('RL006',
+            format('%s nests deeper than %s levels', p_what, p_max),
+            'a scalar is depth 0 and each enclosing object or array adds one: {"a": [1]} is depth 2',
+            'the limit is runledger.settings.max_json_depth');
+    END IF;
+END
+$$;
+
 -- JSON arguments: four named checks instead of two bare booleans. Each one refuses what
--- its name excludes (null, a non-object), then a payload over settings.max_payload_bytes.
-CREATE FUNCTION runledger._check_json_value_or_null(p_what text, p_value jsonb) RETURNS void
+-- its name excludes (null, a non-object), then a payload over settings.max_payload_bytes,
+-- then one nested deeper than settings.max_json_depth. p_wrap: levels of the contract's
+-- own structure around the values a caller nests (record_turn's array and call objects
+-- around each call's args: 2), allowed on top of the limit.
+CREATE FUNCTION runledger._check_json_value_or_null(p_what text, p_value jsonb,
+                                                    p_wrap integer DEFAULT 0) RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     v_cap integer;
+    v_depth integer;
     v_size integer;
 BEGIN
     IF p_value IS NULL THEN
         RETURN;
     END IF;
-    SELECT s.max_payload_bytes INTO v_cap FROM runledger.settings s;
+    SELECT s.max_payload_bytes, s.max_json_depth INTO v_cap, v_depth FROM runledger.settings s;
     v_size := octet_length(p_value::text);
     IF v_size > coalesce(v_cap, 1048576) THEN
         PERFORM runledger._raise('RL006',
             format('%s is %s bytes, over the cap of %s bytes', p_what, v_size, v_cap),
             NULL, 'the cap is runledger.settings.max_payload_bytes');
     END IF;
+    PERFORM runledger._check_json_depth(p_what, p_value, coalesce(v_depth, 64) + p_wrap);
 END
 $$;
 
-CREATE FUNCTION runledger._check_json_value(p_what text, p_value jsonb) RETURNS void
+CREATE FUNCTION runledger._check_json_value(p_what text, p_value jsonb,
+                                            p_wrap integer DEFAULT 0) RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
@@ -105,7 +173,7 @@ BEGIN
     IF p_value IS NULL THEN
         PERFORM runledger._raise('RL006', format('%s must not be null', p_what), NULL, NULL);
     END IF;
-    PERFORM runledger._check_json_value_or_null(p_what, p_value);
+    PERFORM runledger._check_json_value_or_null(p_what, p_value, p_wrap);
 END
 $$;
 
@@ -162,6 +230,11 @@ BEGIN
     IF p_flows IS NULL THEN
         PERFORM runledger._raise('RL006', 'flows must not be null', NULL, NULL);
     END IF;
+    IF cardinality(p_flows) > runledger._cap('flows') THEN
+        PERFORM runledger._raise('RL006',
+            format('flows has %s elements, over the cap of %s', cardinality(p_flows),
+                   runledger._cap('flows')), NULL, NULL);
+    END IF;
     FOREACH f IN ARRAY p_flows LOOP
         IF f IS NULL OR f !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}@[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$' THEN
             PERFORM runledger._raise('RL006',
@@ -217,7 +290,7 @@ END
 $$;
 
 -- Lock the run row, then check that (lease_id, fencing_token) is its current,
--- unexpired lease by the database clock. Every worker write starts here.
+-- unexpired lease by the database clock read after the lock. Every worker write starts here.
 CREATE FUNCTION runledger._lock_leased_run(p_run_id text, p_lease_id uuid, p_fencing_token bigint)
 RETURNS runledger.runs
 LANGUAGE plpgsql
@@ -225,9 +298,13 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     r runledger.runs;
-    v_now timestamptz := runledger.now();
+    v_now timestamptz;
 BEGIN
     r := runledger._lock_run(p_run_id);
+    -- The clock is read once the row lock is held: a write that waited on the lock past
+    -- the lease's expiry is refused. runledger.now() is VOLATILE, so under READ COMMITTED
+    -- its query takes a new snapshot and sees a clock_offset committed during the wait.
+    v_now := runledger.now();
     IF r.status <> 'running' OR r.lease_id IS DISTINCT FROM p_lease_id
        OR r.fencing_token IS DISTINCT FROM p_fencing_token THEN
         PERFORM runledger._raise('RL001',
@@ -259,9 +336,7 @@ AS $$
 DECLARE
     c runledger.run_calls;
 BEGIN
-    IF p_key IS NULL OR length(p_key) > 300 THEN
-        PERFORM runledger._raise('RL006', 'invalid idempotency key', NULL, NULL);
-    END IF;
+    PERFORM runledger._check_text('idempotency key', p_key, 1, runledger._cap('idempotency_key'));
     SELECT * INTO c FROM runledger.run_calls x WHERE x.idempotency_key = p_key FOR UPDATE;
     IF NOT FOUND OR c.run_id <> p_run_id THEN
         PERFORM runledger._raise('RL003',

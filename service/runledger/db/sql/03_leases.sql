@@ -169,12 +169,22 @@ AS $$
 DECLARE
     v_now timestamptz := runledger.now();
     v_row record;
+    v_run_id text;
 BEGIN
+    PERFORM runledger._check_worker_id(p_worker_id);
     PERFORM runledger._check_lease(p_lease);
     IF coalesce(cardinality(p_run_ids), 0) <> coalesce(cardinality(p_lease_ids), 0) THEN
         PERFORM runledger._raise('RL006', 'run ids and lease ids must be arrays of one length',
             NULL, NULL);
     END IF;
+    IF cardinality(p_run_ids) > runledger._cap('run_ids') THEN
+        PERFORM runledger._raise('RL006',
+            format('run ids has %s elements, over the cap of %s', cardinality(p_run_ids),
+                   runledger._cap('run_ids')), NULL, NULL);
+    END IF;
+    FOREACH v_run_id IN ARRAY coalesce(p_run_ids, '{}') LOOP
+        PERFORM runledger._check_run_id(v_run_id);
+    END LOOP;
     -- One statement (one snapshot) finds the renewed leases and the failed ones; it runs
     -- to completion before the loop returns the first and logs the others.
     FOR v_row IN
@@ -227,9 +237,10 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     r runledger.runs;
-    v_now timestamptz := runledger.now();
+    v_now timestamptz;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    v_now := runledger.now();  -- after the lock, as the lease check
     -- a run handed back (a draining worker) did not stall: undo its claim's count
     UPDATE runledger.runs
     SET status = 'queued', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
@@ -253,12 +264,11 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     r runledger.runs;
-    v_now timestamptz := runledger.now();
+    v_now timestamptz;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    IF p_reason IS NULL OR length(p_reason) NOT BETWEEN 1 AND 200 THEN
-        PERFORM runledger._raise('RL006', 'reason must be 1-200 characters', NULL, NULL);
-    END IF;
+    v_now := runledger.now();  -- after the lock, as the lease check
+    PERFORM runledger._check_text('reason', p_reason, 1, runledger._cap('release_reason'));
     PERFORM runledger._check_json_object_or_null('error', p_error);
     UPDATE runledger.runs
     SET status = 'queued', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
@@ -272,6 +282,9 @@ $$;
 
 -- A worker whose write was refused records that, in its own transaction, naming itself.
 -- The stale token goes in detail; the fencing_token column only carries current tokens.
+-- The run must exist (it is not locked: the report changes nothing of it). The message
+-- is what the worker was told (str() of the refusal, with DETAIL and HINT): its cap is
+-- generous, so that the report of a refusal never fails on the refusal's own text.
 CREATE FUNCTION runledger.report_stale_write(p_run_id text, p_worker_id text, p_lease_id uuid,
                                              p_fencing_token bigint, p_operation text,
                                              p_message text)
@@ -283,14 +296,27 @@ DECLARE
     r runledger.runs;
 BEGIN
     PERFORM runledger._check_run_id(p_run_id);
+    PERFORM runledger._check_worker_id(p_worker_id);
+    PERFORM runledger._check_text('operation', p_operation, 1, runledger._cap('operation'));
+    PERFORM runledger._check_text('message', p_message, 0, runledger._cap('message'));
     SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id;
-    PERFORM runledger._event(p_run_id, 'stale_write_rejected', left(p_worker_id, 200), NULL, NULL,
-        jsonb_build_object('operation', left(p_operation, 100), 'stale_lease_id', p_lease_id,
+    IF NOT FOUND THEN
+        PERFORM runledger._raise('RL003', format('run %s not found', p_run_id),
+            'a stale write is reported only for a run that exists', NULL);
+    END IF;
+    PERFORM runledger._event(p_run_id, 'stale_write_rejected', p_worker_id, NULL, NULL,
+        jsonb_build_object('operation', p_operation, 'stale_lease_id', p_lease_id,
                            'stale_token', p_fencing_token, 'current_token', r.fencing_token,
-                           'current_owner', r.lease_owner, 'message', left(p_message, 2000)));
+                           'current_owner', r.lease_owner, 'message', p_message));
 END
 $$;
 
+-- A worker id belongs to one live database session at a time: the session that
+-- registered it (pid and backend_start, so a reused pid is not mistaken for it). Another
+-- session may take the id over once that one has ended (its backend is gone from
+-- pg_stat_activity), once the worker stopped cleanly, or when it is the same session.
+-- backend_start of another role's session is visible to the function's owner only with
+-- pg_read_all_stats (a superuser has it): without it the sessions are told apart by pid.
 CREATE FUNCTION runledger.register_worker(p_worker_id text, p_hostname text, p_pid int,
                                           p_flows text[])
 RETURNS void
@@ -299,24 +325,63 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     v_now timestamptz := runledger.now();
+    v_session_pid integer := pg_backend_pid();
+    v_session_started timestamptz;
+    w runledger.workers;
 BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
+    PERFORM runledger._check_text('hostname', p_hostname, 0, runledger._cap('hostname'));
     PERFORM runledger._parse_flows(p_flows);
-    INSERT INTO runledger.workers (worker_id, hostname, pid, flows, started_at, heartbeat_at)
-    VALUES (p_worker_id, coalesce(p_hostname, ''), coalesce(p_pid, 0), p_flows, v_now, v_now)
-    ON CONFLICT ON CONSTRAINT pk_workers DO UPDATE
-    SET hostname = excluded.hostname, pid = excluded.pid, flows = excluded.flows,
-        started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, stopped_at = NULL;
+    SELECT a.backend_start INTO v_session_started FROM pg_stat_activity a
+    WHERE a.pid = v_session_pid;
+
+    INSERT INTO runledger.workers (worker_id, hostname, pid, flows, started_at, heartbeat_at,
+                                   session_pid, session_started_at)
+    VALUES (p_worker_id, coalesce(p_hostname, ''), coalesce(p_pid, 0), p_flows, v_now, v_now,
+            v_session_pid, v_session_started)
+    ON CONFLICT ON CONSTRAINT pk_workers DO NOTHING;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+
+    -- The id is registered (perhaps by a session whose insert we just waited for): lock
+    -- the row, so two sessions taking one id over are judged one after the other.
+    SELECT * INTO w FROM runledger.workers x WHERE x.worker_id = p_worker_id FOR UPDATE;
+    IF w.stopped_at IS NULL AND w.session_pid IS NOT NULL
+       AND NOT (w.session_pid = v_session_pid
+                AND w.session_started_at IS NOT DISTINCT FROM v_session_started)
+       AND EXISTS (SELECT 1 FROM pg_stat_activity a
+                   WHERE a.pid = w.session_pid
+                     AND (a.backend_start IS NULL OR w.session_started_at IS NULL
+                          OR a.backend_start = w.session_started_at)) THEN
+        PERFORM runledger._raise('RL008',
+            format('worker id %s is in use by a live worker', p_worker_id),
+            format('registered by host %s pid %s since %s (database session pid %s), not stopped',
+                   coalesce(nullif(w.hostname, ''), '?'), w.pid, w.started_at, w.session_pid),
+            'start this worker with another --worker-id, or stop the other worker first');
+    END IF;
+    UPDATE runledger.workers
+    SET hostname = coalesce(p_hostname, ''), pid = coalesce(p_pid, 0), flows = p_flows,
+        started_at = v_now, heartbeat_at = v_now, stopped_at = NULL,
+        session_pid = v_session_pid, session_started_at = v_session_started
+    WHERE worker_id = p_worker_id;
 END
 $$;
 
+-- An unknown worker id is a no-op: the worker may have been registered in another
+-- database, or its row removed by hand.
 CREATE FUNCTION runledger.heartbeat_worker(p_worker_id text, p_stopped boolean DEFAULT false)
 RETURNS void
-LANGUAGE sql SECURITY DEFINER
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
+DECLARE
+    v_now timestamptz := runledger.now();
+BEGIN
+    PERFORM runledger._check_worker_id(p_worker_id);
     UPDATE runledger.workers
-    SET heartbeat_at = runledger.now(),
-        stopped_at = CASE WHEN p_stopped THEN runledger.now() ELSE stopped_at END
+    SET heartbeat_at = v_now,
+        stopped_at = CASE WHEN p_stopped THEN v_now ELSE stopped_at END
     WHERE worker_id = p_worker_id;
+END
 $$;

@@ -46,7 +46,9 @@ DECLARE
     v_open integer;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    PERFORM runledger._check_json_value('calls', p_calls);
+    -- each call's args may nest as deep as any JSON value: the array and the call object
+    -- around them are two levels of the contract's own
+    PERFORM runledger._check_json_value('calls', p_calls, 2);
     IF jsonb_typeof(p_calls) <> 'array' THEN
         PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
     END IF;
@@ -135,9 +137,10 @@ AS $$
 DECLARE
     r runledger.runs;
     c runledger.run_calls;
-    v_now timestamptz := runledger.now();
+    v_now timestamptz;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    v_now := runledger.now();  -- after the lock, as the lease check
     c := runledger._lock_call(p_run_id, p_idempotency_key);
     IF c.status NOT IN ('planned', 'dispatched') THEN
         PERFORM runledger._raise('RL004',
@@ -170,10 +173,11 @@ AS $$
 DECLARE
     r runledger.runs;
     c runledger.run_calls;
-    v_now timestamptz := runledger.now();
+    v_now timestamptz;
     v_detail jsonb;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    v_now := runledger.now();  -- after the lock, as the lease check
     -- not_applied: the effect certainly did not happen and the call will be sent again
     -- with the same key; it goes back to planned, so no one mistakes it for in flight.
     PERFORM runledger._check_word('outcome', p_outcome,
@@ -224,13 +228,15 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     r runledger.runs;
-    v_now timestamptz := runledger.now();
+    v_now timestamptz;
     v_open integer;
     v_detail jsonb;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    v_now := runledger.now();  -- after the lock, as the lease check
     PERFORM runledger._check_word('status', p_status, ARRAY['succeeded', 'failed', 'paused']);
     PERFORM runledger._check_json_value_or_null('result', p_result);
+    PERFORM runledger._check_text('reason', p_reason, 0, runledger._cap('reason'));
     IF p_status = 'succeeded' THEN
         SELECT count(*) INTO v_open FROM runledger.run_calls c
         WHERE c.run_id = p_run_id AND c.status NOT IN ('succeeded', 'failed');

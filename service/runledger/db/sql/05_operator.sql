@@ -18,9 +18,10 @@ BEGIN
     PERFORM runledger._check_word('resolution', p_resolution,
                                   ARRAY['applied', 'not_applied', 'abandoned']);
     PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
-    IF p_actor IS NULL OR length(p_actor) NOT BETWEEN 1 AND 200 THEN
-        PERFORM runledger._raise('RL006', 'actor must be 1-200 characters', NULL, NULL);
-    END IF;
+    PERFORM runledger._check_text('actor', p_actor, 1, runledger._cap('actor'));
+    PERFORM runledger._check_text('note', p_note, 0, runledger._cap('note'));
+    PERFORM runledger._check_text('idempotency key', p_idempotency_key, 1,
+                                  runledger._cap('idempotency_key'));
     SELECT x.run_id INTO v_run_id FROM runledger.run_calls x WHERE x.idempotency_key = p_idempotency_key;
     IF NOT FOUND THEN
         PERFORM runledger._raise('RL003', format('call %s not found', p_idempotency_key), NULL, NULL);
@@ -73,6 +74,10 @@ DECLARE
     r runledger.runs;
     v_now timestamptz := runledger.now();
 BEGIN
+    -- a NULL actor is the default 'operator'; an empty one is refused
+    PERFORM runledger._check_text('actor', coalesce(p_actor, 'operator'), 1,
+                                  runledger._cap('actor'));
+    PERFORM runledger._check_text('reason', p_reason, 0, runledger._cap('reason'));
     r := runledger._lock_run(p_run_id);
     IF r.status = 'cancelled' THEN
         RETURN;
@@ -109,6 +114,8 @@ DECLARE
     v_now timestamptz := runledger.now();
     v_unknown integer;
 BEGIN
+    PERFORM runledger._check_text('actor', coalesce(p_actor, 'operator'), 1,
+                                  runledger._cap('actor'));
     r := runledger._lock_run(p_run_id);
     IF r.status NOT IN ('failed', 'paused') THEN
         PERFORM runledger._raise('RL004',
