@@ -198,17 +198,116 @@ def test_prune_runs_deletes_finished_runs_only(
 def test_prune_runs_leaves_no_open_door_behind(
     worker: Conn, admin_conn: Conn, db_clock: DbClock
 ) -> None:
-    """The pruning flag is transaction-local and switched off before prune_runs returns."""
+    """The authorization lives only while prune_runs runs: later deletes of the same
+    transaction meet the wall again."""
     _finished(worker, "old")
     db_clock.advance(86400)
     with admin_conn.transaction():
         admin_conn.execute("SELECT runledger.prune_runs(runledger.now(), true)")
-        assert scalar(admin_conn, "SELECT current_setting('runledger.pruning', true)") == "off"
+        assert count(admin_conn, "prune_authorizations") == 0
         # A savepoint: the refusal rolls back only the DELETE.
         with refused(admin_conn, "RL007"), admin_conn.transaction():
             admin_conn.execute("DELETE FROM runledger.run_events")
     assert count(admin_conn, "runs") == 0
     assert len(events(admin_conn, "old")) > 0
+
+
+def test_prune_runs_twice_in_one_transaction_and_in_a_savepoint(
+    worker: Conn, admin_conn: Conn, db_clock: DbClock
+) -> None:
+    _finished(worker, "a")
+    _finished(worker, "b")
+    db_clock.advance(86400)
+    cutoff = db_clock.now()
+    with admin_conn.transaction():
+        with admin_conn.transaction():  # a savepoint
+            assert scalar(admin_conn, "SELECT runledger.prune_runs(%s, false)", (cutoff,)) == 2
+        assert scalar(admin_conn, "SELECT runledger.prune_runs(%s, false)", (cutoff,)) == 0
+    assert (count(admin_conn, "runs"), count(admin_conn, "run_events")) == (0, 0)
+    assert count(admin_conn, "prune_authorizations") == 0
+
+
+# The reproduction of issue 7, item 9: a session setting switched the delete guards off.
+BYPASSES = {
+    "SET LOCAL": "SET LOCAL runledger.pruning = 'on'",
+    "SET": "SET runledger.pruning = 'on'",
+    "set_config local": "SELECT set_config('runledger.pruning', 'on', true)",
+    "set_config session": "SELECT set_config('runledger.pruning', 'on', false)",
+}
+
+
+@pytest.mark.parametrize("bypass", sorted(BYPASSES))
+def test_a_session_setting_does_not_switch_the_wall_off(
+    bypass: str, worker: Conn, admin_conn: Conn
+) -> None:
+    """Not for the owner (here: a superuser) nor for anyone: the guards do not read it."""
+    lease = submit_and_claim(worker, "live")
+    dispatched_call(worker, lease)
+    for statement in (
+        "DELETE FROM runledger.run_events",
+        "DELETE FROM runledger.runs WHERE run_id = 'live'",
+        "DELETE FROM runledger.run_calls",
+        "DELETE FROM runledger.run_turns",
+    ):
+        with refused(admin_conn, "RL007", (bypass, statement)), admin_conn.transaction():
+            admin_conn.execute(BYPASSES[bypass])  # type: ignore[arg-type]
+            admin_conn.execute(statement)  # type: ignore[arg-type]
+        admin_conn.execute("RESET runledger.pruning")
+    assert run_row(admin_conn, "live")["status"] == "running"
+
+
+def test_an_authorization_is_for_the_current_transaction_only(admin_conn: Conn) -> None:
+    """Even the owner cannot leave one behind for a later transaction."""
+    with refused(admin_conn, "RL007") as info:
+        admin_conn.execute("INSERT INTO runledger.prune_authorizations VALUES (txid_current() + 1)")
+    assert "current transaction only" in str(info.value.diag.message_primary)
+    with refused(admin_conn, "RL007"), admin_conn.transaction():
+        admin_conn.execute("INSERT INTO runledger.prune_authorizations VALUES (txid_current())")
+        admin_conn.execute("UPDATE runledger.prune_authorizations SET txid = txid + 1")
+
+
+def test_even_an_authorized_delete_takes_only_finished_runs(worker: Conn, admin_conn: Conn) -> None:
+    """The owner can forge an authorization (documented); the guard of runs still keeps
+    queued, running and paused runs."""
+    submit(worker, "queued", flow="other")
+    submit_and_claim(worker, "running")
+    paused = submit_and_claim(worker, "paused")
+    finish(worker, paused, "paused", reason="check")
+    for run_id in ("queued", "running", "paused"):
+        with refused(admin_conn, "RL007", run_id) as info, admin_conn.transaction():
+            admin_conn.execute("INSERT INTO runledger.prune_authorizations VALUES (txid_current())")
+            admin_conn.execute("DELETE FROM runledger.runs WHERE run_id = %s", (run_id,))
+        assert info.value.diag.message_primary == (
+            f"run {run_id} is {run_id}: only finished runs are pruned"
+        )
+
+
+@pytest.mark.parametrize("cutoff", ["infinity", "now"])
+def test_prune_runs_never_deletes_queued_running_or_paused_runs(
+    cutoff: str, worker: Conn, operator: Conn, admin_conn: Conn, db_clock: DbClock
+) -> None:
+    submit(worker, "queued", flow="other")
+    running = submit_and_claim(worker, "running")
+    dispatched_call(worker, running)
+    paused = submit_and_claim(worker, "paused")
+    finish(worker, paused, "paused", reason="check")
+    _finished(worker, "done")
+    db_clock.advance(30 * 86400)  # every lease has long expired: still not finished
+    before = {r: len(events(admin_conn, r)) for r in ("queued", "running", "paused")}
+
+    pruned = scalar(
+        operator,
+        "SELECT runledger.prune_runs(CASE WHEN %s = 'now' THEN runledger.now() "
+        "ELSE 'infinity'::timestamptz END, false)",
+        (cutoff,),
+    )
+
+    assert pruned == 1
+    left = {r["run_id"]: r["status"] for r in rows(admin_conn, "SELECT * FROM runledger.runs")}
+    assert left == {"queued": "queued", "running": "running", "paused": "paused"}
+    assert call_row(admin_conn, "running:0:c1")["status"] == "dispatched"
+    assert {r: len(events(admin_conn, r)) for r in before} == before
+    assert events(admin_conn, "done") == []
 
 
 def test_prune_runs_refuses_a_null_cutoff(operator: Conn, admin_conn: Conn) -> None:

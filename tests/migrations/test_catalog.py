@@ -199,3 +199,22 @@ def test_downgrade_of_0002_restores_the_0001_catalog(
     assert differences(at_0001, at_0002, ("0001", "0002")) != []
     migrate.downgrade(url, "0001")
     assert differences(snapshot_of(url), at_0001, ("0002 downgraded", "0001")) == []
+
+
+def test_downgrade_of_the_head_restores_the_revision_before_it(
+    new_empty_database: Callable[[], str],
+) -> None:
+    """0004 (the pruning authorization) gives back the 0002 guards and prune_runs exactly."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(migrate.alembic_config(None))
+    head = script.get_revision(migrate.head())
+    assert head is not None and isinstance(head.down_revision, str)
+    previous = head.down_revision
+    url = new_empty_database()
+    migrate.upgrade(url, previous)
+    before = snapshot_of(url)
+    migrate.upgrade(url)
+    assert differences(before, snapshot_of(url), (previous, head.revision)) != []
+    migrate.downgrade(url, previous)
+    assert differences(snapshot_of(url), before, (f"{head.revision} downgraded", previous)) == []

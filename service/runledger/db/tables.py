@@ -211,6 +211,15 @@ workers: Final = Table(
     PrimaryKeyConstraint("worker_id"),
 )
 
+# Written only by prune_runs (the authorization the delete guards look for) and granted
+# to no one; empty outside a prune_runs call. See docs/design.md, "The trigger wall".
+prune_authorizations: Final = Table(
+    "prune_authorizations",
+    metadata,
+    Column("txid", BigInteger, nullable=False, autoincrement=False),
+    PrimaryKeyConstraint("txid"),
+)
+
 __all__ = [
     "CALL_STATUSES",
     "NAMING_CONVENTION",
@@ -218,6 +227,7 @@ __all__ = [
     "RUN_STATUSES",
     "SCHEMA",
     "metadata",
+    "prune_authorizations",
     "run_calls",
     "run_events",
     "run_turns",

@@ -119,3 +119,12 @@ CREATE TABLE runledger.workers (
     session_started_at timestamptz,
     CONSTRAINT pk_workers PRIMARY KEY (worker_id)
 );
+
+-- The pruning authorization (see 06_wall.sql): runledger.prune_runs writes the id of its
+-- own transaction here, deletes, and removes the row before it returns; the delete guards
+-- let a DELETE through only while a row for the current transaction exists. No role is
+-- granted anything on it, so a session setting or a caller cannot forge one.
+CREATE TABLE runledger.prune_authorizations (
+    txid bigint NOT NULL,
+    CONSTRAINT pk_prune_authorizations PRIMARY KEY (txid)
+);

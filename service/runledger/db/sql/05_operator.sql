@@ -139,7 +139,11 @@ BEGIN
 END
 $$;
 
--- Retention: the only path allowed to delete events, calls and runs.
+-- Retention: the only path allowed to delete events, calls and runs. It authorizes its
+-- own deletes with a row for its transaction in runledger.prune_authorizations (which no
+-- caller can write) and removes that row before it returns, so no door stays open for
+-- the rest of the caller's transaction. Only finished runs are deleted (the guard of
+-- runs checks it again).
 CREATE FUNCTION runledger.prune_runs(p_before timestamptz, p_keep_events boolean)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
@@ -147,11 +151,13 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     v_count integer;
+    v_txid bigint;
 BEGIN
     IF p_before IS NULL THEN
         PERFORM runledger._raise('RL006', 'before must not be null', NULL, NULL);
     END IF;
-    PERFORM set_config('runledger.pruning', 'on', true);
+    v_txid := txid_current();
+    INSERT INTO runledger.prune_authorizations (txid) VALUES (v_txid) ON CONFLICT DO NOTHING;
     WITH gone AS (
         DELETE FROM runledger.runs x
         WHERE x.status IN ('succeeded', 'failed', 'cancelled') AND x.finished_at < p_before
@@ -161,7 +167,7 @@ BEGIN
         WHERE NOT coalesce(p_keep_events, false) AND e.run_id IN (SELECT g.run_id FROM gone g)
     )
     SELECT count(*) INTO v_count FROM gone;
-    PERFORM set_config('runledger.pruning', 'off', true);
+    DELETE FROM runledger.prune_authorizations a WHERE a.txid = v_txid;
     RETURN v_count;
 END
 $$;

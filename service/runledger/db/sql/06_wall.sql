@@ -4,6 +4,51 @@
 -- The guard functions are SECURITY DEFINER so that a refusal is always RL007 naming the
 -- invariant: run as the writer, a role granted UPDATE on a table (a DBA role) would get
 -- "permission denied for function _raise" instead, since helpers are not granted.
+--
+-- A DELETE passes only inside runledger.prune_runs: it writes the id of its transaction to
+-- runledger.prune_authorizations (granted to no one) and removes it before returning.
+-- No session setting stands in for that row. Who can still get past the wall: the owner
+-- of the tables and superusers (they can write the authorization themselves, or disable,
+-- drop or replace a trigger); docs/design.md, "The trigger wall", says what catches them.
+
+-- True inside a prune_runs call of the current transaction (the guards' only door).
+CREATE FUNCTION runledger._prune_authorized() RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM runledger.prune_authorizations a
+                   WHERE a.txid = txid_current_if_assigned())
+$$;
+
+-- The authorization itself: written only by its owner's code (prune_runs), for the
+-- current transaction. SECURITY INVOKER on purpose, to see who writes: a role that was
+-- granted INSERT anyway (GRANT ... ON ALL TABLES IN SCHEMA runledger TO a DBA role) is
+-- refused, and so is a row for another transaction id. RAISE directly: the writer may not
+-- execute _raise.
+CREATE FUNCTION runledger._guard_prune_authorizations() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF NOT pg_has_role(current_user,
+                       (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+        RAISE EXCEPTION USING ERRCODE = 'RL007',
+            MESSAGE = format('prune authorizations are written only by runledger.prune_runs (%s refused for %s)',
+                             TG_OP, current_user),
+            HINT = 'call runledger.prune_runs(before, keep_events)';
+    END IF;
+    IF NEW.txid IS DISTINCT FROM txid_current() THEN
+        RAISE EXCEPTION USING ERRCODE = 'RL007',
+            MESSAGE = format('a prune authorization is for the current transaction only (%s, not %s)',
+                             txid_current(), NEW.txid);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER tg_prune_authorizations_guard BEFORE INSERT OR UPDATE
+    ON runledger.prune_authorizations
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_prune_authorizations();
+ALTER TABLE runledger.prune_authorizations ENABLE ALWAYS TRIGGER tg_prune_authorizations_guard;
 
 CREATE FUNCTION runledger._guard_runs() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -11,9 +56,14 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        IF current_setting('runledger.pruning', true) IS DISTINCT FROM 'on' THEN
+        IF NOT runledger._prune_authorized() THEN
             PERFORM runledger._raise('RL007',
                 format('runs are deleted only by runledger.prune_runs (run %s)', OLD.run_id),
+                NULL, 'a session setting does not authorize a delete');
+        END IF;
+        IF OLD.status NOT IN ('succeeded', 'failed', 'cancelled') THEN
+            PERFORM runledger._raise('RL007',
+                format('run %s is %s: only finished runs are pruned', OLD.run_id, OLD.status),
                 NULL, NULL);
         END IF;
         RETURN OLD;
@@ -58,10 +108,10 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        IF current_setting('runledger.pruning', true) IS DISTINCT FROM 'on' THEN
+        IF NOT runledger._prune_authorized() THEN
             PERFORM runledger._raise('RL007',
                 format('calls are deleted only by runledger.prune_runs (%s)', OLD.idempotency_key),
-                NULL, NULL);
+                NULL, 'a session setting does not authorize a delete');
         END IF;
         RETURN OLD;
     END IF;
@@ -94,7 +144,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
-    IF TG_OP = 'DELETE' AND current_setting('runledger.pruning', true) = 'on' THEN
+    IF TG_OP = 'DELETE' AND runledger._prune_authorized() THEN
         RETURN OLD;
     END IF;
     PERFORM runledger._raise('RL007',
@@ -112,7 +162,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
-    IF TG_OP = 'DELETE' AND current_setting('runledger.pruning', true) = 'on' THEN
+    IF TG_OP = 'DELETE' AND runledger._prune_authorized() THEN
         RETURN OLD;
     END IF;
     PERFORM runledger._raise('RL007',

@@ -5,6 +5,10 @@
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA runledger FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA runledger FROM PUBLIC;
 
+-- runledger.prune_authorizations is granted to no one: it is written by prune_runs and read
+-- by the guard triggers, both as the owner (06_wall.sql). The SELECT ON ALL TABLES below
+-- would include it, so it is taken back at once.
+
 DO $roles$
 DECLARE
     v_role text;
@@ -23,6 +27,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_auditor') THEN
         GRANT USAGE ON SCHEMA runledger TO runledger_auditor;
         GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO runledger_auditor;
+        REVOKE ALL ON runledger.prune_authorizations FROM runledger_auditor;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
         GRANT USAGE ON SCHEMA runledger TO runledger_worker;
@@ -59,6 +64,7 @@ BEGIN
         END IF;
         GRANT USAGE ON SCHEMA runledger TO runledger_operator;
         GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO runledger_operator;
+        REVOKE ALL ON runledger.prune_authorizations FROM runledger_operator;
         GRANT EXECUTE ON FUNCTION
             runledger.now(),
             runledger.submit_run(text, text, text, jsonb, int, timestamptz),

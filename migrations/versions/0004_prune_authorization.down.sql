@@ -1,0 +1,141 @@
+-- runledger 0004 down: back to the 0002 guards and prune_runs (the runledger.pruning
+-- setting), exactly as 0002 left them; the authorization table and its functions go.
+
+CREATE OR REPLACE FUNCTION runledger._guard_runs() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF current_setting('runledger.pruning', true) IS DISTINCT FROM 'on' THEN
+            PERFORM runledger._raise('RL007',
+                format('runs are deleted only by runledger.prune_runs (run %s)', OLD.run_id),
+                NULL, NULL);
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF NEW.run_id <> OLD.run_id THEN
+        PERFORM runledger._raise('RL007', format('run id %s cannot change', OLD.run_id), NULL, NULL);
+    END IF;
+    IF NEW.fencing_token < OLD.fencing_token THEN
+        PERFORM runledger._raise('RL007',
+            format('fencing_token of run %s cannot decrease', OLD.run_id),
+            format('from %s to %s', OLD.fencing_token, NEW.fencing_token), NULL);
+    END IF;
+    IF NEW.state_version < OLD.state_version THEN
+        PERFORM runledger._raise('RL007',
+            format('state_version of run %s cannot decrease', OLD.run_id),
+            format('from %s to %s', OLD.state_version, NEW.state_version), NULL);
+    END IF;
+    IF NEW.state_version > OLD.state_version + 1 THEN
+        PERFORM runledger._raise('RL007',
+            format('state_version of run %s moves by one at a time', OLD.run_id),
+            format('from %s to %s', OLD.state_version, NEW.state_version), NULL);
+    END IF;
+    IF NEW.state IS DISTINCT FROM OLD.state AND NEW.state_version <> OLD.state_version + 1 THEN
+        PERFORM runledger._raise('RL007',
+            format('a change of state on run %s must bump state_version by exactly one', OLD.run_id),
+            format('state_version %s -> %s', OLD.state_version, NEW.state_version), NULL);
+    END IF;
+    IF NEW.flow <> OLD.flow OR NEW.flow_version <> OLD.flow_version OR NEW.input <> OLD.input THEN
+        PERFORM runledger._raise('RL007',
+            format('flow, version and input of run %s are pinned', OLD.run_id), NULL, NULL);
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION runledger._guard_run_calls() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF current_setting('runledger.pruning', true) IS DISTINCT FROM 'on' THEN
+            PERFORM runledger._raise('RL007',
+                format('calls are deleted only by runledger.prune_runs (%s)', OLD.idempotency_key),
+                NULL, NULL);
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF NEW.idempotency_key <> OLD.idempotency_key OR NEW.run_id <> OLD.run_id
+       OR NEW.turn <> OLD.turn OR NEW.call_id <> OLD.call_id OR NEW.tool <> OLD.tool
+       OR NEW.args <> OLD.args THEN
+        PERFORM runledger._raise('RL007',
+            format('call %s: key, tool and args are immutable', OLD.idempotency_key), NULL, NULL);
+    END IF;
+    IF OLD.status = 'succeeded' AND (NEW.status <> OLD.status
+        OR NEW.result IS DISTINCT FROM OLD.result OR NEW.receipt IS DISTINCT FROM OLD.receipt) THEN
+        PERFORM runledger._raise('RL007',
+            format('call %s succeeded; its result and receipt cannot be overwritten',
+                   OLD.idempotency_key),
+            format('receipt %s', OLD.receipt), NULL);
+    END IF;
+    IF NEW.attempts < OLD.attempts THEN
+        PERFORM runledger._raise('RL007',
+            format('attempts of call %s cannot decrease', OLD.idempotency_key), NULL, NULL);
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION runledger._guard_run_turns() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('runledger.pruning', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    PERFORM runledger._raise('RL007',
+        format('turn %s of run %s is a recorded decision and cannot change', OLD.turn, OLD.run_id),
+        NULL, NULL);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION runledger._guard_run_events() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND current_setting('runledger.pruning', true) = 'on' THEN
+        RETURN OLD;
+    END IF;
+    PERFORM runledger._raise('RL007',
+        format('run_events is append-only (%s refused)', TG_OP), NULL,
+        'events are removed only by runledger.prune_runs');
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION runledger.prune_runs(p_before timestamptz, p_keep_events boolean)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_before IS NULL THEN
+        PERFORM runledger._raise('RL006', 'before must not be null', NULL, NULL);
+    END IF;
+    PERFORM set_config('runledger.pruning', 'on', true);
+    WITH gone AS (
+        DELETE FROM runledger.runs x
+        WHERE x.status IN ('succeeded', 'failed', 'cancelled') AND x.finished_at < p_before
+        RETURNING x.run_id
+    ), events AS (
+        DELETE FROM runledger.run_events e
+        WHERE NOT coalesce(p_keep_events, false) AND e.run_id IN (SELECT g.run_id FROM gone g)
+    )
+    SELECT count(*) INTO v_count FROM gone;
+    PERFORM set_config('runledger.pruning', 'off', true);
+    RETURN v_count;
+END
+$$;
+
+DROP TRIGGER tg_prune_authorizations_guard ON runledger.prune_authorizations;
+DROP FUNCTION runledger._guard_prune_authorizations();
+DROP FUNCTION runledger._prune_authorized();
+DROP TABLE runledger.prune_authorizations;
