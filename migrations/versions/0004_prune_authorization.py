@@ -8,7 +8,7 @@ also refuses to delete a run that is not finished. The downgrade restores the 00
 functions exactly and drops the table.
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-12-08
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from alembic import context, op
 
 revision = "0004"
-down_revision = "0002"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -20,7 +20,7 @@ from runledger.cli import main
 from runledger.db import migrate, schema
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
-HEAD = "0003"
+HEAD = "0004"
 
 
 def _script() -> ScriptDirectory:
@@ -83,6 +83,7 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_database_url: str) -> None:
         "run_events",
         "workers",
         "settings",
+        "prune_authorizations",
     }
     views = {name for name, kind in first["tables"] if kind == "VIEW"}
     assert views == {"run_timeline", "effect_ledger", "lease_history"}

@@ -23,7 +23,15 @@ from runledger.db import tables
 from runledger.db.migrate import sqlalchemy_url
 from tests.migrations.helpers import query
 
-TABLES = {"runs", "run_turns", "run_calls", "run_events", "workers", "settings"}
+TABLES = {
+    "runs",
+    "run_turns",
+    "run_calls",
+    "run_events",
+    "workers",
+    "settings",
+    "prune_authorizations",
+}
 
 
 def _include_name(name: str | None, type_: str, parent_names: Any) -> bool:
@@ -58,7 +66,7 @@ def _diff(conn: Connection, metadata: MetaData) -> list[Any]:
     return list(compare_metadata(ctx, metadata))
 
 
-def test_metadata_names_the_six_tables() -> None:
+def test_metadata_names_every_table() -> None:
     assert {t.name for t in tables.metadata.sorted_tables} == TABLES
     assert all(t.schema == tables.SCHEMA for t in tables.metadata.sorted_tables)
 

@@ -8,7 +8,8 @@
 --
 --   00_clock.sql     schema runledger; settings (one row: payload cap, test clock offset,
 --                    JSON depth limit); runledger.now(), the only clock
---   01_tables.sql    runs, run_turns, run_calls, run_events, workers; their indexes
+--   01_tables.sql    runs, run_turns, run_calls, run_events, workers, prune_authorizations;
+--                    their indexes
 --   02_helpers.sql   internal helpers, granted to no one: _raise; _cap (every cap on a text
 --                    or array argument); checks (_check_run_id, _check_text,
 --                    _check_worker_id, _check_lease, _check_flow, _check_json_depth,
@@ -19,7 +20,8 @@
 --                    report_stale_write
 --   04_journal.sql   checkpoint, record_turn, dispatch_call, complete_call, finish_run
 --   05_operator.sql  resolve_call, cancel_run, retry_run, prune_runs (retention)
---   06_wall.sql      the second wall: guard trigger functions and their triggers
+--   06_wall.sql      the second wall: guard trigger functions and their triggers, and
+--                    the pruning authorization (_prune_authorized) that prune_runs grants itself
 --   07_views.sql     audit views: run_timeline, effect_ledger, lease_history
 --   08_roles.sql     REVOKE from PUBLIC; roles runledger_worker, _operator, _auditor and
 --                    their grants
