@@ -66,12 +66,14 @@ def is_worker_conflict(exc: BaseException) -> bool:
 
 def conflict_message(worker_id: str, exc: BaseException) -> str:
     """One line for a refused worker id."""
-    primary = getattr(exc, "message", None) or getattr(
-        getattr(exc, "diag", None), "message_primary", None
+    said = (
+        getattr(exc, "message", None)
+        or getattr(getattr(exc, "diag", None), "message_primary", None)
+        or str(exc)
     )
-    said = str(primary or exc).splitlines()[0] if (primary or str(exc)) else ""
+    first = str(said).splitlines()[0] if str(said).strip() else "refused"
     return (
-        f"worker id {worker_id!r} is in use by another live worker ({said}): stop that "
+        f"worker id {worker_id!r} is in use by another live worker ({first}): stop that "
         "worker or start this one with another --worker-id"
     )
 
@@ -172,6 +174,12 @@ class Worker:
         )
         try:
             listen = await self._register(store)
+        except psycopg.OperationalError as exc:
+            await store.close()
+            said = (str(exc).strip().splitlines() or ["connection failed"])[0]
+            raise errors.DatabaseUnavailable(
+                f"could not open the worker's listener connection: {said}"
+            ) from exc
         except BaseException:
             await store.close()
             raise
@@ -193,8 +201,10 @@ class Worker:
             if failure is not None:
                 await self._fence_all()
         finally:
-            with contextlib.suppress(Exception):
-                await store.heartbeat_worker(self.worker_id, stopped=True)
+            taken = failure is not None and isinstance(failure.error, WorkerIdTaken)
+            if not taken:  # the row is the other worker's now: leave it alone
+                with contextlib.suppress(Exception):
+                    await store.heartbeat_worker(self.worker_id, stopped=True)
             with contextlib.suppress(Exception):
                 await listen.close()  # closed already unless the listener never ran
             await store.close()
@@ -428,10 +438,12 @@ class Worker:
             except Exception as exc:
                 if not is_worker_conflict(exc) or time.monotonic() + delay > deadline:
                     raise
-                log.warning(
-                    "worker id in use by a live session; retrying",
-                    extra={"worker_id": self.worker_id, "retry_in": round(delay, 2)},
-                )
+                if delay == 0.1:  # one line, not one per attempt
+                    log.warning(
+                        "worker id in use by a live session; retrying for up to %.0f s",
+                        REGISTER_PATIENCE,
+                        extra={"worker_id": self.worker_id},
+                    )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
