@@ -105,7 +105,10 @@ async def test_submit_json_and_status_json(invoke: Any, db: Db, start_worker: St
     await db.wait_status("cli-3", "paused")
     data = json.loads(invoke("status", "cli-3", "--json").stdout)
     assert data["run"]["status"] == "paused"
-    assert data["run"]["pause_reason"] == "call cli-3:0:c0 is unknown: reconcile it"
+    assert data["run"]["pause_reason"] == (
+        "call cli-3:0:c0 is unknown: reconcile it with "
+        "`runledger resolve cli-3:0:c0 applied|not_applied|abandoned`"
+    )
     assert [(c["idempotency_key"], c["status"], c["attempts"]) for c in data["calls"]] == [
         ("cli-3:0:c0", "unknown", 1)
     ]

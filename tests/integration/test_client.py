@@ -138,7 +138,10 @@ async def test_resolve_an_unknown_call(
     paused = await db.wait_status("res-1", *SETTLED)
     assert paused["status"] == "paused"
     key = "res-1:0:c0"
-    assert paused["pause_reason"] == f"call {key} is unknown: reconcile it"
+    assert paused["pause_reason"] == (
+        f"call {key} is unknown: reconcile it with "
+        f"`runledger resolve {key} applied|not_applied|abandoned`"
+    )
     with pytest.raises(InvalidTransition):
         client.retry("res-1")  # an unknown call must be resolved first
 

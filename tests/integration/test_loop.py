@@ -455,7 +455,10 @@ async def test_call_in_flight_when_its_worker_died_is_recovered_by_safety_class(
         assert rec.policy_turns == [1]
     else:
         assert run["status"] == "paused"
-        assert run["pause_reason"] == "call rec-1:0:c0 is unknown: reconcile it"
+        assert run["pause_reason"] == (
+            "call rec-1:0:c0 is unknown: reconcile it with "
+            "`runledger resolve rec-1:0:c0 applied|not_applied|abandoned`"
+        )
         assert rec.tool_calls == []
         assert (call["status"], call["attempts"]) == ("unknown", 1)
         assert call["error"] == {

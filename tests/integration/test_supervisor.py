@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, LiteralString
 
 import pytest
 import pytest_asyncio
@@ -205,3 +205,56 @@ async def test_an_unexpected_error_in_the_executor_releases_the_lease(
     assert rec.calls_of("act") == [("act", "sup-3:0:c0", 1, 1), ("act", "sup-3:0:c0", 2, 2)]
     [call] = await db.calls("sup-3")
     assert (call["status"], call["attempts"], call["completed_token"]) == ("succeeded", 2, 2)
+
+
+# -- the registration lives on the listener's session ---------------------------------
+
+# Superuser-only test instrumentation: which backend ran register_worker, by pid.
+NOTE_REGISTRATIONS: list[LiteralString] = [
+    "CREATE TABLE public.registrations (n serial, pid int, worker_id text)",
+    """CREATE FUNCTION public.note_registration() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN
+           IF strpos(current_query(), 'register_worker') > 0 THEN
+               INSERT INTO public.registrations (pid, worker_id)
+               VALUES (pg_backend_pid(), NEW.worker_id);
+           END IF;
+           RETURN NEW;
+       END $$""",
+    "CREATE TRIGGER note_registration AFTER INSERT OR UPDATE ON runledger.workers"
+    " FOR EACH ROW EXECUTE FUNCTION public.note_registration()",
+]
+REGISTRATIONS: LiteralString = (
+    "SELECT pid FROM public.registrations WHERE worker_id = %s ORDER BY n"
+)
+LISTENERS: LiteralString = (
+    "SELECT pid FROM pg_stat_activity WHERE application_name = 'runledger-listener:' || %s"
+)
+
+
+async def test_the_worker_registers_on_its_listener_session_and_again_after_reconnecting(
+    db: Db, start_worker: StartWorker
+) -> None:
+    for statement in NOTE_REGISTRATIONS:
+        await db.rows(statement)
+    rec, gate, cancelled = Recorder(), asyncio.Event(), []
+    gate.set()
+    flow = _gated_flow(rec, gate, cancelled)
+    await start_worker(flow, worker_id="reg-1")
+
+    [first] = [r["pid"] for r in await db.rows(LISTENERS, "reg-1")]
+    # registered from the backend that LISTENs: the registration is that session's
+    assert [r["pid"] for r in await db.rows(REGISTRATIONS, "reg-1")] == [first]
+
+    await db.rows("SELECT pg_terminate_backend(%s)", first)
+
+    async def reregistered() -> list[int]:
+        pids = [r["pid"] for r in await db.rows(REGISTRATIONS, "reg-1")]
+        return pids if len(pids) == 2 else []
+
+    _, second = await eventually(reregistered, what="the registration on the new listener")
+    assert second != first
+    assert [r["pid"] for r in await db.rows(LISTENERS, "reg-1")] == [second]
+    # and the worker goes on: woken by NOTIFY on its new session
+    await db.submit("reg-run", flow)
+    done = await db.wait_status("reg-run", "succeeded", "failed", "paused")
+    assert done["status"] == "succeeded"

@@ -175,7 +175,10 @@ async def test_idempotent_tool_failing_every_attempt_becomes_unknown(
     run = await _run(db, start_worker, flow, "amb-2")
 
     assert run["status"] == "paused"
-    assert run["pause_reason"] == "call amb-2:0:c0 is unknown: reconcile it"
+    assert run["pause_reason"] == (
+        "call amb-2:0:c0 is unknown: reconcile it with "
+        "`runledger resolve amb-2:0:c0 applied|not_applied|abandoned`"
+    )
     [call] = await db.calls("amb-2")
     assert (call["status"], call["attempts"]) == ("unknown", 2)
     assert call["error"] == {
@@ -201,7 +204,10 @@ async def test_unsafe_tool_raising_becomes_unknown_and_pauses_the_run(
     run = await _run(db, start_worker, flow, "amb-3")
 
     assert run["status"] == "paused"
-    assert run["pause_reason"] == "call amb-3:0:c0 is unknown: reconcile it"
+    assert run["pause_reason"] == (
+        "call amb-3:0:c0 is unknown: reconcile it with "
+        "`runledger resolve amb-3:0:c0 applied|not_applied|abandoned`"
+    )
     assert (run["lease_id"], run["lease_owner"], run["finished_at"]) == (None, None, None)
     [call] = await db.calls("amb-3")
     assert (call["status"], call["attempts"]) == ("unknown", 1)
@@ -221,7 +227,12 @@ async def test_unsafe_tool_raising_becomes_unknown_and_pauses_the_run(
         "run_paused",
     ]
     [paused] = await db.events("amb-3", "run_paused")
-    assert paused["detail"] == {"reason": "call amb-3:0:c0 is unknown: reconcile it"}
+    assert paused["detail"] == {
+        "reason": (
+            "call amb-3:0:c0 is unknown: reconcile it with "
+            "`runledger resolve amb-3:0:c0 applied|not_applied|abandoned`"
+        )
+    }
 
 
 async def test_lookup_tool_raising_whose_effect_is_found_succeeds_without_resending(

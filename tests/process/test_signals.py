@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from runledger.testing import wait_for
+from tests.integration.test_supervisor import NOTE_REGISTRATIONS, REGISTRATIONS
 from tests.process.conftest import LEASE, call_rows, events, run_row, submit, wait_status
 
 pytestmark = pytest.mark.process
@@ -107,7 +108,12 @@ def test_second_sigterm_exits_at_once(
 def test_killed_listener_does_not_stop_claiming(
     workers: Any, provider: Any, admin_conn: Any, lease_args: list[str]
 ) -> None:
+    for statement in NOTE_REGISTRATIONS:
+        admin_conn.execute(statement)
     (w0,) = workers.start(1, args=lease_args)
+
+    def registrations() -> list[int]:
+        return [r[0] for r in admin_conn.execute(REGISTRATIONS, ("w0",)).fetchall()]
 
     def listener_pids() -> list[int]:
         rows = admin_conn.execute(
@@ -116,10 +122,14 @@ def test_killed_listener_does_not_stop_claiming(
         return [r[0] for r in rows]
 
     (old,) = wait_for(listener_pids, what="w0's listener connection")
+    # w0 registered from its listener's session
+    assert wait_for(registrations, what="w0's registration") == [old]
     admin_conn.execute("SELECT pg_terminate_backend(%s)", (old,))
     submit(admin_conn, "after-kill", [[{"tool": "ticket"}]])
     wait_status(admin_conn, "after-kill", ("succeeded",))
     # and the listener came back on a new connection
     new = wait_for(lambda: [p for p in listener_pids() if p != old], what="listener reconnect")
     assert old not in new
+    # and registered again on it
+    assert wait_for(lambda: len(registrations()) == 2 and registrations()) == [old, *new]
     assert workers.alive(w0)

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, LiteralString
 
+import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -317,6 +318,34 @@ class Store(ReadBacks):
             "SELECT runledger.register_worker(%s, %s, %s, %s::text[])",
             (worker_id, hostname, pid, list(flows)),
         )
+
+    async def register_worker_on(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        worker_id: str,
+        hostname: str,
+        pid: int,
+        flows: Sequence[str],
+    ) -> None:
+        """``register_worker`` on ``conn``, the worker's long-lived session (its listener
+        connection), not on a pooled one: the database ties the registration to the
+        calling session and refuses the id (RL008, ``WorkerConflict``) while another live
+        session holds it. Not retried here: when ``conn`` fails, the caller opens a new
+        session and registers on that one."""
+        check_text("worker id", worker_id)
+        check_text("hostname", hostname)
+        for f in flows:
+            check_text("flow", f)
+        try:
+            await conn.execute(
+                "SELECT runledger.register_worker(%s, %s, %s, %s::text[])",
+                (worker_id, hostname, pid, list(flows)),
+            )
+        except psycopg.Error as exc:
+            mapped = map_error(exc)
+            if mapped is not None:
+                raise mapped from exc
+            raise
 
     async def heartbeat_worker(self, worker_id: str, *, stopped: bool = False) -> None:
         await self._read("SELECT runledger.heartbeat_worker(%s, %s)", (worker_id, stopped))

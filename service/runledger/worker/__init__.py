@@ -13,7 +13,9 @@ from typing import Any
 from runledger.config import Settings
 from runledger.flows import Flow
 from runledger.worker.executor import Limits
-from runledger.worker.process import Worker, WorkerFailed
+from runledger.worker.process import Worker, WorkerFailed, conflict_message, is_worker_conflict
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Limits",
@@ -113,6 +115,14 @@ def configure_logging(level: str = "INFO", as_json: bool = False) -> None:
 
 
 def run_worker(worker: Worker) -> None:
+    """Run ``worker`` until it stops; exit 1 with one line when it cannot go on.
+
+    Exit codes: 0 after a clean stop (SIGTERM/SIGINT, runs drained); 1 when an internal
+    task died, or when the database refused the worker id because another live worker
+    holds it (at startup, after retrying for a few seconds; or on reconnecting, when it
+    was taken meanwhile).
+    """
+
     async def main() -> None:
         worker.install_signal_handlers()
         await worker.run()
@@ -121,4 +131,9 @@ def run_worker(worker: Worker) -> None:
         asyncio.run(main())
     except WorkerFailed:
         # already logged as one CRITICAL line naming the task and its error
+        sys.exit(1)
+    except Exception as exc:
+        if not is_worker_conflict(exc):
+            raise
+        log.critical(conflict_message(worker.worker_id, exc), extra={"worker_id": worker.worker_id})
         sys.exit(1)

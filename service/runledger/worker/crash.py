@@ -7,6 +7,8 @@ specs ``point[:tool[:n]]``:
 kill at ``point`` (``before_dispatch``, ``after_dispatch``, ``after_effect`` -- the
 tool returned, before ``complete_call`` -- or ``after_complete``), optionally only for
 ``tool`` and only at its ``n``-th occurrence in this process (default: the first).
+``load_journal`` kills while loading a run's journal; its second part is the run id
+(``load_journal:my-run``), which then must not contain ``:``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-POINTS = ("before_dispatch", "after_dispatch", "after_effect", "after_complete")
+POINTS = ("before_dispatch", "after_dispatch", "after_effect", "after_complete", "load_journal")
 ENV = "RUNLEDGER_CRASH_AT"
 TESTING_ENV = "RUNLEDGER_TESTING"
 
@@ -60,6 +62,9 @@ class CrashPoints:
         return bool(self.specs)
 
     def hit(self, point: str, tool: str) -> None:
+        """``tool`` is the tool's name, or the run id for ``load_journal``."""
+        if not self.specs:
+            return
         for spec in self.specs:
             if spec.point != point or (spec.tool is not None and spec.tool != tool):
                 continue

@@ -15,7 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import psycopg
+
 from runledger import errors
+from runledger.db.rows import Journal
 from runledger.db.store import Store
 from runledger.flows import (
     Flow,
@@ -26,8 +29,10 @@ from runledger.flows import (
     invoke,
 )
 from runledger.model import Call, CallStatus, FinishStatus, Outcome
+from runledger.worker import poison
 from runledger.worker.calls import Calls, Settled, check_boundary, check_deadline
 from runledger.worker.crash import CrashPoints
+from runledger.worker.poison import UndecodableRun
 from runledger.worker.runs import (
     ActiveRun,
     Backoff,
@@ -36,6 +41,8 @@ from runledger.worker.runs import (
     LocalLeaseExpired,
     PolicyFailed,
     error_of,
+    in_flight_reason,
+    unknown_call_reason,
 )
 from runledger.worker.writes import Writes
 
@@ -117,13 +124,48 @@ class Executor:
 
     async def _drive(self, active: ActiveRun) -> None:
         c = active.claim
+        # Before anything of the run is loaded or decoded: a run that keeps crashing the
+        # worker while loading must still end as crash_loop. The claim row does not
+        # carry the count; this reads the run row (which the claim decoded already).
+        stalled = (await self.store.get_run(c.run_id)).stalled_claims
+        if stalled > self.limits.max_stalled_claims:
+            await self._give_up(active, stalled)
+            return
+        try:
+            for what, value in (("input", c.input), ("state", c.state)):
+                found = poison.in_value(value, what)
+                if found:
+                    raise UndecodableRun(what, found)
+            await self._turns(active)
+        except UndecodableRun as exc:
+            await self._undecodable(active, exc)
+
+    async def _journal(self, run_id: str) -> Journal:
+        """The run's turns and calls; :class:`UndecodableRun` if any value of them is
+        undecodable JSON."""
+        self.crash.hit("load_journal", run_id)
+        try:
+            journal = await self.store.load_journal(run_id)
+        except (errors.RunLedgerError, psycopg.Error):
+            raise
+        except Exception as exc:
+            # the aggregated journal holds a value Python could not decode and could not
+            # be unpacked: find it call by call (each call row decodes on its own)
+            found = poison.in_calls(await self.store.list_calls(run_id))
+            if found:
+                raise UndecodableRun("journal", found) from exc
+            raise  # something else: the catch-all releases; repeated, it is a crash_loop
+        found = poison.in_turns(journal.turns) + poison.in_calls(journal.calls)
+        if found:
+            raise UndecodableRun("journal", found)
+        return journal
+
+    async def _turns(self, active: ActiveRun) -> None:
+        c = active.claim
         flow = self.flows[f"{c.flow}@{c.flow_version}"]
         max_turns = flow.max_turns or self.limits.max_turns
         max_calls = flow.max_calls or self.limits.max_calls
-        journal = await self.store.load_journal(c.run_id)
-        if journal.stalled_claims > self.limits.max_stalled_claims:
-            await self._give_up(active, journal.calls, journal.stalled_claims)
-            return
+        journal = await self._journal(c.run_id)
         state_version = c.state_version
         completed = int((c.state or {}).get("completed_turns", 0))
         while True:
@@ -139,7 +181,7 @@ class Executor:
                     for call in pending:
                         settled = await self.calls.settle(active, flow, call)
                         if settled is Settled.PAUSED:
-                            why = f"call {call.idempotency_key} is unknown: reconcile it"
+                            why = unknown_call_reason(call.idempotency_key)
                             await self._finish(active, FinishStatus.PAUSED, None, why)
                             return
                         if settled is Settled.TOOL_MISSING:
@@ -147,7 +189,7 @@ class Executor:
                             await self._finish(active, FinishStatus.FAILED, missing, "tool_missing")
                             return
                     # every call of the turn is final now: read the journal again
-                    journal = await self.store.load_journal(c.run_id)
+                    journal = await self._journal(c.run_id)
                     continue
                 if completed < last + 1:  # also after an operator resolved the last call
                     state_version = await self.writes.write(
@@ -194,22 +236,73 @@ class Executor:
             except errors.InvalidInput as exc:  # e.g. args the database cannot store
                 await self._finish(active, FinishStatus.FAILED, error_of(exc), "invalid_decision")
                 return
-            journal = await self.store.load_journal(c.run_id)
+            journal = await self._journal(c.run_id)
 
-    async def _give_up(self, active: ActiveRun, calls: list[Call], stalled: int) -> None:
+    async def _give_up(self, active: ActiveRun, stalled: int) -> None:
         """Claimed too often without progress. A call that may have been sent is marked
         unknown and the run pauses for a person; otherwise it fails as ``crash_loop``."""
+        why = f"crash_loop: {stalled} claims without progress"
+        try:
+            calls = await self.store.list_calls(active.run_id)
+        except (errors.RunLedgerError, psycopg.Error):
+            raise
+        except Exception as exc:
+            # not even the calls can be read: whether one is in flight cannot be known,
+            # so the run waits for a person rather than failing (which writes it off)
+            log.warning(
+                "crash_loop: the run's calls cannot be read; pausing it",
+                extra={"run_id": active.run_id, "error": repr(exc)},
+            )
+            reason = (
+                f"{why}, and its calls cannot be read ({type(exc).__name__}): inspect them "
+                f"with `runledger status {active.run_id}`, then `runledger retry "
+                f"{active.run_id}` or `runledger cancel {active.run_id}`"
+            )
+            await self._finish(active, FinishStatus.PAUSED, None, reason)
+            return
+        claims = {"claims_without_progress": stalled}
+        await self._fail_or_pause(active, calls, "crash_loop", claims, why)
+
+    async def _undecodable(self, active: ActiveRun, exc: UndecodableRun) -> None:
+        """A run whose input, state or journal this code cannot decode: failed alone (or
+        paused, if a call of it may have taken effect), with where and why."""
+        log.warning(
+            "run holds JSON that cannot be decoded: not driving it",
+            extra={
+                "run_id": active.run_id,
+                "worker_id": self.worker_id,
+                "fencing_token": active.claim.fencing_token,
+                "what": exc.what,
+                "at": [f.at for f in exc.found[: poison.MAX_FOUND]],
+            },
+        )
+        calls = await self.store.list_calls(active.run_id)  # each row decodes on its own
+        why = f"undecodable_run: the run's {exc.what} holds JSON this worker cannot decode"
+        await self._fail_or_pause(active, calls, "undecodable_run", exc.detail(), why)
+
+    async def _fail_or_pause(
+        self,
+        active: ActiveRun,
+        calls: list[Call],
+        reason: str,
+        detail: dict[str, Any],
+        why: str,
+    ) -> None:
+        """Give up on the run: ``failed`` with ``reason`` and ``detail``, unless a call
+        may be in flight (``dispatched``, or ``unknown`` already): a possible effect is
+        never written off, so such calls become ``unknown`` and the run pauses."""
         in_flight = [x for x in calls if x.status in (CallStatus.DISPATCHED, CallStatus.UNKNOWN)]
         if not in_flight:
-            claims = {"claims_without_progress": stalled}
-            await self._finish(active, FinishStatus.FAILED, claims, "crash_loop")
+            await self._finish(active, FinishStatus.FAILED, detail, reason)
             return
         for call in in_flight:
             if call.status is CallStatus.DISPATCHED:
-                error = {"reason": "crash_loop", "claims_without_progress": stalled}
+                error = {"reason": reason, **detail}
                 await self.writes.complete(active, call, Outcome.UNKNOWN, error, None)
-        reason = f"crash_loop: {stalled} claims without progress with call(s) in flight"
-        await self._finish(active, FinishStatus.PAUSED, None, reason)
+        keys = [x.idempotency_key for x in in_flight]
+        await self._finish(
+            active, FinishStatus.PAUSED, None, in_flight_reason(why, active.run_id, keys)
+        )
 
     async def _decide(
         self,

@@ -6,7 +6,11 @@
   a run missing from the answer is cancelled at once. The local deadline of a lease
   is measured from when the renew request was *sent*, minus a margin, so the worker
   stops trusting a lease before the database does;
-- listener: its own connection; when it dies, polling goes on and it reconnects;
+- listener: its own long-lived connection, which LISTENs and is also the one the
+  worker registers on (``register_worker``), so the registration lives exactly as long
+  as that session: the database refuses a second live worker with the same id
+  (RL008). When the connection dies, polling goes on and it reconnects and registers
+  again; if the id was taken meanwhile, the worker stops (every run fenced);
 - supervisor: the lease keeper, the watchdog and the listener run in one task group.
   Each survives what the database may do to it (refusals, lost connections,
   timeouts); an unexpected exception -- a bug -- would silently cost the worker its
@@ -47,6 +51,36 @@ CHANNEL = "runledger_runs"
 
 # what a helper task survives and retries: the database refused, went away or was slow
 EXPECTED = (errors.RunLedgerError, psycopg.Error, OSError, TimeoutError)
+
+WORKER_CONFLICT = "RL008"  # runledger.errors.WorkerConflict
+# how long a refused registration is retried: the backend of a predecessor that was just
+# SIGKILLed with this id may take a moment to notice and exit
+REGISTER_PATIENCE = 5.0
+
+
+def is_worker_conflict(exc: BaseException) -> bool:
+    """The database refused the registration: another live session holds the worker id.
+    (``WorkerConflict`` once mapped by the store; the driver's error until then.)"""
+    return getattr(exc, "sqlstate", None) == WORKER_CONFLICT
+
+
+def conflict_message(worker_id: str, exc: BaseException) -> str:
+    """One line for a refused worker id."""
+    said = (
+        getattr(exc, "message", None)
+        or getattr(getattr(exc, "diag", None), "message_primary", None)
+        or str(exc)
+    )
+    first = str(said).splitlines()[0] if str(said).strip() else "refused"
+    return (
+        f"worker id {worker_id!r} is in use by another live worker ({first}): stop that "
+        "worker or start this one with another --worker-id"
+    )
+
+
+class WorkerIdTaken(RuntimeError):
+    """Registering again after the listener reconnected was refused: another live worker
+    took this worker id while we were cut off."""
 
 
 class WorkerFailed(RuntimeError):
@@ -139,9 +173,13 @@ class Worker:
             application_name=f"runledger-worker:{self.worker_id}",
         )
         try:
-            await store.register_worker(
-                self.worker_id, socket.gethostname(), os.getpid(), sorted(self.flows)
-            )
+            listen = await self._register(store)
+        except psycopg.OperationalError as exc:
+            await store.close()
+            said = (str(exc).strip().splitlines() or ["connection failed"])[0]
+            raise errors.DatabaseUnavailable(
+                f"could not open the worker's listener connection: {said}"
+            ) from exc
         except BaseException:
             await store.close()
             raise
@@ -159,18 +197,24 @@ class Worker:
         )
         failure: WorkerFailed | None = None
         try:
-            failure = await self._supervise(executor)
+            failure = await self._supervise(executor, listen)
             if failure is not None:
                 await self._fence_all()
         finally:
+            taken = failure is not None and isinstance(failure.error, WorkerIdTaken)
+            if not taken:  # the row is the other worker's now: leave it alone
+                with contextlib.suppress(Exception):
+                    await store.heartbeat_worker(self.worker_id, stopped=True)
             with contextlib.suppress(Exception):
-                await store.heartbeat_worker(self.worker_id, stopped=True)
+                await listen.close()  # closed already unless the listener never ran
             await store.close()
             log.info("worker stopped", extra={"worker_id": self.worker_id})
         if failure is not None:
             raise failure
 
-    async def _supervise(self, executor: Executor) -> WorkerFailed | None:
+    async def _supervise(
+        self, executor: Executor, listen: psycopg.AsyncConnection[Any]
+    ) -> WorkerFailed | None:
         """Claim and drain with the helpers in one task group. A helper that dies takes
         the claimer down with it; returns that failure (None after a normal stop)."""
         failure: WorkerFailed | None = None
@@ -179,7 +223,7 @@ class Worker:
                 helpers = [
                     tg.create_task(self._guard("lease-keeper", self._keeper())),
                     tg.create_task(self._guard("watchdog", self._watchdog())),
-                    tg.create_task(self._guard("listener", self._listener())),
+                    tg.create_task(self._guard("listener", self._listener(listen))),
                 ]
                 await self._claimer(executor)
                 await self._drain()
@@ -187,17 +231,24 @@ class Worker:
                     t.cancel()
         except* WorkerFailed as group:
             failure = _first(group)
-            log.critical(
-                "worker stopping: internal task %s died (%r); fencing every run",
-                failure.task,
-                failure.error,
-                exc_info=failure.error,
-                extra={
-                    "worker_id": self.worker_id,
-                    "task": failure.task,
-                    "runs": sorted(self.active),
-                },
-            )
+            if isinstance(failure.error, WorkerIdTaken):  # one line: not a bug
+                log.critical(
+                    "worker stopping: %s; fencing every run",
+                    failure.error,
+                    extra={"worker_id": self.worker_id, "runs": sorted(self.active)},
+                )
+            else:
+                log.critical(
+                    "worker stopping: internal task %s died (%r); fencing every run",
+                    failure.task,
+                    failure.error,
+                    exc_info=failure.error,
+                    extra={
+                        "worker_id": self.worker_id,
+                        "task": failure.task,
+                        "runs": sorted(self.active),
+                    },
+                )
         return failure
 
     async def _guard(self, name: str, helper: Coroutine[Any, Any, None]) -> None:
@@ -357,17 +408,58 @@ class Worker:
 
     # -- listener ------------------------------------------------------------------------
 
-    async def _listener(self) -> None:
+    async def _open_listener(self, store: Store) -> psycopg.AsyncConnection[Any]:
+        """A new listener connection, registered on (the registration is this session's)
+        and listening."""
+        conn = await psycopg.AsyncConnection.connect(
+            self.database_url,
+            autocommit=True,
+            application_name=f"runledger-listener:{self.worker_id}"[:63],
+        )
+        try:
+            await store.register_worker_on(
+                conn, self.worker_id, socket.gethostname(), os.getpid(), sorted(self.flows)
+            )
+            await conn.execute("LISTEN runledger_runs")
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def _register(self, store: Store) -> psycopg.AsyncConnection[Any]:
+        """Open the listener and register on it; a refused worker id is retried for up to
+        ``REGISTER_PATIENCE`` s (a predecessor's backend may still be exiting), then
+        raised."""
+        deadline = time.monotonic() + REGISTER_PATIENCE
         delay = 0.1
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.database_url,
-                    autocommit=True,
-                    application_name=f"runledger-listener:{self.worker_id}"[:63],
-                )
+                return await self._open_listener(store)
+            except Exception as exc:
+                if not is_worker_conflict(exc) or time.monotonic() + delay > deadline:
+                    raise
+                if delay == 0.1:  # one line, not one per attempt
+                    log.warning(
+                        "worker id in use by a live session; retrying for up to %.0f s",
+                        REGISTER_PATIENCE,
+                        extra={"worker_id": self.worker_id},
+                    )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _listener(self, conn: psycopg.AsyncConnection[Any] | None) -> None:
+        assert self.store is not None
+        delay = 0.1
+        while True:
+            try:
+                if conn is None:
+                    try:
+                        conn = await self._register(self.store)
+                    except Exception as exc:
+                        if is_worker_conflict(exc):
+                            raise WorkerIdTaken(conflict_message(self.worker_id, exc)) from exc
+                        raise
                 async with conn:
-                    await conn.execute("LISTEN runledger_runs")
                     delay = 0.1
                     self.wake.set()  # catch up on what was submitted while we were away
                     async for note in conn.notifies():
@@ -378,5 +470,6 @@ class Worker:
                     "listener lost, polling meanwhile",
                     extra={"worker_id": self.worker_id, "error": repr(exc)},
                 )
+            conn = None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,3 +90,40 @@ def error_of(exc: BaseException) -> dict[str, Any]:
 
 class PolicyFailed(Exception):
     """The policy raised on every attempt; the run fails as ``policy_error``."""
+
+
+# -- pause reasons: each names the command that gets the run going again -----------------
+
+RESOLVE = "applied|not_applied|abandoned"
+_MAX_KEYS_CHARS = 1500  # keys named whole; past this the rest are counted
+
+
+def resolve_command(key: str) -> str:
+    return f"`runledger resolve {key} {RESOLVE}`"
+
+
+def unknown_call_reason(key: str) -> str:
+    """The pause reason of a call that settled ``unknown``: the full key, and the command."""
+    return f"call {key} is unknown: reconcile it with {resolve_command(key)}"
+
+
+def in_flight_reason(why: str, run_id: str, keys: Sequence[str]) -> str:
+    """The pause reason of a run given up on with calls that may have taken effect (now
+    ``unknown``): ``why``, every key whole (up to a bound, then a count and where to see
+    them), and the command. Resolving the last one requeues the run."""
+    named: list[str] = []
+    for key in keys:
+        if named and sum(len(k) + 2 for k in named) + len(key) > _MAX_KEYS_CHARS:
+            break
+        named.append(key)
+    listed = ", ".join(named)
+    if len(named) < len(keys):
+        listed += f" and {len(keys) - len(named)} more (`runledger status {run_id}` lists them)"
+    if len(keys) == 1:
+        return f"{why}; call {keys[0]} may have taken effect and is unknown: reconcile it with " + (
+            resolve_command(keys[0])
+        )
+    return (
+        f"{why}; calls {listed} may have taken effect and are unknown: reconcile each with "
+        f"{resolve_command('<key>')}"
+    )
