@@ -324,11 +324,11 @@ def submit(
     with _client(database_url, connect_timeout) as client:
         name, version = client.resolve_flow(flow)
         ref = f"{name}@{version}"
-        if ref not in client.known_flows():
+        res = client.submit(ref, payload, run_id=run_id, priority=priority)
+        if ref not in client.known_flows():  # after: a refused submit is its one line only
             click.echo(
                 f"warning: no worker has registered {ref} yet; the run waits for one", err=True
             )
-        res = client.submit(ref, payload, run_id=run_id, priority=priority)
     if as_json:
         emit({"run_id": res.run_id, "created": res.created}, as_json=True)
     else:
