@@ -11,6 +11,10 @@ and help text. The rest follows from the declaration:
   :func:`runledger.worker.worker_from_settings`;
 - floats are finite: NaN and infinities are refused, whatever the range.
 
+:class:`ConnectionSettings` (the URL and ``connect_timeout``) is what a client reads
+(:func:`connection_settings`); every CLI command that connects has ``--connect-timeout``
+from the same field, and the worker passes it on in its URL (:func:`with_connect_timeout`).
+
 An empty environment variable counts as unset (as it does for click).
 """
 
