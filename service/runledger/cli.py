@@ -543,13 +543,11 @@ def retry(database_url: str | None, connect_timeout: float, run_id: str) -> None
 @json_option
 def audit(database_url: str | None, connect_timeout: float, as_json: bool) -> None:
     """Check the run tables' invariants; exit 1 when any is broken."""
-    import asyncio
-
     from runledger.audit import run_checks
-    from runledger.db.execution import probe
+    from runledger.db.execution import probe_blocking
 
     url = _database_url(database_url)
-    asyncio.run(probe(url, timeout=connect_timeout, application_name="runledger-audit"))
+    probe_blocking(url, timeout=connect_timeout, application_name="runledger-audit")
     findings = run_checks(url)
     if as_json:
         emit(

@@ -30,6 +30,7 @@ import math
 import os
 import random
 import re
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 from typing import Any, LiteralString, TypeVar
@@ -201,6 +202,33 @@ async def probe(
     async with conn:
         if check_schema:
             await _check_schema(conn, f"database {dbname!r} at {host}:{port}")
+
+
+def probe_blocking(
+    url: str, *, timeout: float, application_name: str = "runledger", check_schema: bool = True
+) -> None:
+    """:func:`probe` from synchronous code, whether or not an event loop runs in this thread
+    (it gets a loop of its own, in a thread of its own)."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(
+                probe(
+                    url,
+                    timeout=timeout,
+                    application_name=application_name,
+                    check_schema=check_schema,
+                )
+            )
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="runledger-probe", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
 
 
 async def _check_schema(conn: psycopg.AsyncConnection[Any], where: str) -> None:

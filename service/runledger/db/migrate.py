@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from runledger.db.execution import connect_error, is_connection_error, probe
+from runledger.db.execution import connect_error, is_connection_error, probe_blocking
 from runledger.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -124,12 +124,8 @@ def check_reachable(url: str, connect_timeout: float) -> None:
     """Connect once, within ``connect_timeout`` seconds, or raise the one-line error
     (:class:`~runledger.errors.DatabaseUnavailable`: ``createdb <name>`` for a database
     that does not exist; :class:`~runledger.errors.ConfigurationError` for a bad URL)."""
-    import asyncio
-
-    asyncio.run(
-        probe(
-            url, timeout=connect_timeout, application_name="runledger-migrate", check_schema=False
-        )
+    probe_blocking(
+        url, timeout=connect_timeout, application_name="runledger-migrate", check_schema=False
     )
 
 
