@@ -602,8 +602,7 @@ def run() -> None:
     except click.exceptions.Abort:
         _fail("aborted", EXIT_FAILED)
     except click.UsageError as exc:
-        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        _fail(f"Error: {_joined(exc.format_message())}{hint}", EXIT_USAGE)
+        _fail(f"Error: {_joined(exc.format_message())}", EXIT_USAGE)
     except click.ClickException as exc:
         _fail(f"Error: {_joined(exc.format_message())}", exc.exit_code)
     except errors.ConfigurationError as exc:
