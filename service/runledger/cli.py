@@ -1,7 +1,11 @@
 """The ``runledger`` command (``python -m runledger`` is the same).
 
-Data goes to stdout, logs to stderr. Exit codes: 0 ok, 1 check failed or refused,
-2 usage.
+Data goes to stdout, logs to stderr. Every failure is one line on stderr, never a
+traceback, and its exit code says what kind it is (:data:`EXIT_CODES`, shown by
+``runledger --help``): 0 ok; 1 a check failed, a run did not succeed, or the database
+refused the request; 2 usage (a bad option, argument or value, input that is not JSON or
+nests too deeply, no or a malformed database URL); 3 the database is unavailable or has no
+(or an older) runledger schema. :func:`run` maps the exceptions onto them.
 
 One environment rule for every option of every command: ``--some-option`` reads
 ``RUNLEDGER_SOME_OPTION`` (``--database-url`` then falls back to ``DATABASE_URL``), and
@@ -20,6 +24,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping
+from enum import StrEnum
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
@@ -31,9 +36,19 @@ from runledger.config import (
     ENV_PREFIX,
     Settings,
     bounds,
+    connection_settings,
     env_names,
-    resolve_database_url,
+    with_connect_timeout,
 )
+from runledger.model import MAX_JSON_DEPTH
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+EXIT_CODES = {
+    EXIT_OK: "ok",
+    EXIT_FAILED: "a check failed, a run did not succeed, or the database refused",
+    EXIT_USAGE: "usage: a bad option, value or JSON; no or a malformed database URL",
+    EXIT_UNAVAILABLE: "database unreachable, or its runledger schema missing or behind",
+}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -141,9 +156,33 @@ def _usage_error(ctx: click.Context, exc: ValidationError) -> click.UsageError:
 
 def _database_url(value: str | None) -> str:
     try:
-        return resolve_database_url(value)
+        return connection_settings(value).require_database_url()
     except errors.ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
+
+
+def _json_arg(option: str, text: str, *, obj: bool) -> Any:
+    """``text`` parsed and checked like the store will check it, or a usage error (exit 2).
+
+    ``json.loads`` recurses: input nested a hundred thousand levels deep would raise
+    ``RecursionError``. Anything deeper than :data:`MAX_JSON_DEPTH` is refused here, parsed
+    or not, with the limit named.
+    """
+    from runledger.db.validate import check_json
+
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise click.UsageError(
+            f"{option} nests deeper than the limit of {MAX_JSON_DEPTH} levels of objects and arrays"
+        ) from None
+    except ValueError as exc:
+        raise click.UsageError(f"{option} is not JSON: {exc}") from None
+    try:
+        check_json(option, value, obj=obj)
+    except errors.InvalidInput as exc:
+        raise click.UsageError(_one_line(exc)) from None
+    return value
 
 
 def emit(data: Any, *, as_json: bool) -> None:
@@ -154,10 +193,18 @@ def emit(data: Any, *, as_json: bool) -> None:
 
 
 database_option = setting_option("database_url")
+connect_option = setting_option("connect_timeout")
 json_option = _opt("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
-@click.group(context_settings=CONTEXT)
+def _exit_codes_help() -> str:
+    return "\n".join(f"  {code}  {what}" for code, what in EXIT_CODES.items())
+
+
+@click.group(
+    context_settings=CONTEXT,
+    epilog="\b\nExit codes (every error is one line on stderr):\n" + _exit_codes_help(),
+)
 @click.version_option(package_name="runledger-pg")
 def main() -> None:
     """runledger: durable, fenced AI-agent runs on PostgreSQL."""
@@ -165,17 +212,29 @@ def main() -> None:
 
 @main.command(context_settings=CONTEXT)
 @database_option
+@connect_option
 @_opt("--sql", "sql_only", is_flag=True, help="Print the SQL; do not connect.")
 @_opt("--check", is_flag=True, help="Exit 1 when the database is behind; change nothing.")
 @_opt("--revision", default="head", help="Target revision.")
-def migrate(database_url: str | None, sql_only: bool, check: bool, revision: str) -> None:
-    """Upgrade the runledger schema (safe to run from several processes at once)."""
+def migrate(
+    database_url: str | None,
+    connect_timeout: float,
+    sql_only: bool,
+    check: bool,
+    revision: str,
+) -> None:
+    """Upgrade the runledger schema (safe to run from several processes at once).
+
+    The database must exist (`createdb NAME` first); a database that cannot be reached
+    is one line and exit 3.
+    """
     from runledger.db import migrate as m
 
     if sql_only:
         click.echo(m.offline_sql(revision), nl=False)
         return
     url = _database_url(database_url)
+    m.check_reachable(url, connect_timeout)
     if check:
         current, head = m.current(url), m.head()
         if current != head:
@@ -207,7 +266,15 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
 
     settings = build_settings(ctx, values)
     configure_logging(settings.log_level, settings.log_json)
-    _database_url(settings.database_url)  # no URL: a usage error before importing flows
+    url = _database_url(settings.database_url)  # no URL: a usage error before importing flows
+    # Every connection the worker makes (the pool's, the listener's) gets the timeout.
+    try:
+        url = with_connect_timeout(url, settings.connect_timeout)
+    except Exception as exc:  # not a URL: the one-line ConfigurationError of Store.connect
+        from runledger.db.execution import connect_error
+
+        raise connect_error(exc, url, None) from None
+    settings = settings.model_copy(update={"database_url": url})
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -217,21 +284,31 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
     run_worker(w)
 
 
-def _client(database_url: str | None) -> Any:
+def _client(database_url: str | None, connect_timeout: float | None) -> Any:
     from runledger.client import Client
 
-    return Client(_database_url(database_url), actor=f"cli:{os.environ.get('USER', 'operator')}")
+    return Client(
+        _database_url(database_url),
+        actor=f"cli:{os.environ.get('USER', 'operator')}",
+        connect_timeout=connect_timeout,
+    )
 
 
 @main.command(context_settings=CONTEXT)
 @database_option
+@connect_option
 @click.argument("flow")
 @_opt("--input", "input_json", default="{}", help="The run's input: a JSON object.")
-@_opt("--run-id", default=None, help="Run id (default: generated). Resubmitting is a no-op.")
+@_opt(
+    "--run-id",
+    default=None,
+    help="Run id (default: generated; an empty one is refused). Resubmitting is a no-op.",
+)
 @_opt("--priority", type=click.IntRange(-(2**31), 2**31 - 1), default=0, help="Higher runs first.")
 @json_option
 def submit(
     database_url: str | None,
+    connect_timeout: float,
     flow: str,
     input_json: str,
     run_id: str | None,
@@ -239,80 +316,136 @@ def submit(
     as_json: bool,
 ) -> None:
     """Submit a run of FLOW (name@version)."""
-    try:
-        payload = json.loads(input_json)
-    except ValueError as exc:
-        raise click.UsageError(f"--input is not JSON: {exc}") from exc
-    with _client(database_url) as client:
+    payload = _json_arg("--input", input_json, obj=True)
+    if run_id is not None and not run_id:
+        raise click.BadParameter(
+            "must not be empty (leave it out to generate one).", param_hint="'--run-id'"
+        )
+    with _client(database_url, connect_timeout) as client:
         name, version = client.resolve_flow(flow)
         ref = f"{name}@{version}"
-        if ref not in client.known_flows():
+        res = client.submit(ref, payload, run_id=run_id, priority=priority)
+        if ref not in client.known_flows():  # after: a refused submit is its one line only
             click.echo(
                 f"warning: no worker has registered {ref} yet; the run waits for one", err=True
             )
-        res = client.submit(ref, payload, run_id=run_id, priority=priority)
     if as_json:
         emit({"run_id": res.run_id, "created": res.created}, as_json=True)
     else:
         click.echo(f"{res.run_id} {'submitted' if res.created else 'already exists (no-op)'}")
 
 
-def _run_dict(run: Any) -> dict[str, Any]:
+def _value(value: Any) -> Any:
+    """A field for output: JSON Python could not decode is its description, enums are words."""
+    from runledger.db.decode import Undecodable
+
+    if isinstance(value, Undecodable):
+        return str(value)
+    if isinstance(value, StrEnum):
+        return str(value)
+    return value
+
+
+def _fields(obj: Any) -> dict[str, Any]:
     import dataclasses
 
-    return {k: (str(v) if k == "status" else v) for k, v in dataclasses.asdict(run).items()}
+    return {f.name: _value(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
+def _run_dict(run: Any) -> dict[str, Any]:
+    return _fields(run)
+
+
+def _shown(value: Any) -> str:
+    """A JSON value in a table cell: compact JSON, or the description of an undecodable one."""
+    from runledger.db.decode import Undecodable
+
+    if isinstance(value, Undecodable):
+        return str(value)
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+RESOLVABLE = ("paused", "cancelled", "failed")  # the run states resolve_call accepts
+
+
+def resolve_command(key: str) -> str:
+    """The line an operator runs for an unknown call (printed whole by ``status``)."""
+    return f"runledger resolve {key} applied|not_applied|abandoned"
 
 
 @main.command(context_settings=CONTEXT)
 @database_option
+@connect_option
 @click.argument("run_id")
 @json_option
-def status(database_url: str | None, run_id: str, as_json: bool) -> None:
-    """Show a run and its calls."""
-    with _client(database_url) as client:
+def status(database_url: str | None, connect_timeout: float, run_id: str, as_json: bool) -> None:
+    """Show a run and its calls.
+
+    Idempotency keys and the pause reason are printed whole, whatever the terminal's
+    width; for each unknown call of a paused (or cancelled, or failed) run, the
+    `runledger resolve` line to run once you know what the provider did.
+    """
+    with _client(database_url, connect_timeout) as client:
         run = client.get(run_id)
         calls = client.calls(run_id)
     if as_json:
-        import dataclasses
-
-        emit(
-            {
-                "run": _run_dict(run),
-                "calls": [{**dataclasses.asdict(c), "status": str(c.status)} for c in calls],
-            },
-            as_json=True,
-        )
+        emit({"run": _run_dict(run), "calls": [_fields(c) for c in calls]}, as_json=True)
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
-    console.print(
-        f"[bold]{run.run_id}[/] {run.flow}@{run.flow_version} [bold]{run.status}[/] "
-        f"token={run.fencing_token} state_version={run.state_version}"
-        + (f" pause_reason={run.pause_reason!r}" if run.pause_reason else "")
+    from runledger.db.decode import Undecodable
+
+    console = Console(highlight=False)
+
+    def line(text: str, style: str = "") -> None:
+        # soft_wrap: never cut or folded by rich; the terminal wraps it, a copy is whole
+        console.print(Text(text, style=style), soft_wrap=True)
+
+    line(
+        f"{run.run_id} {run.flow}@{run.flow_version} {run.status} "
+        f"token={run.fencing_token} state_version={run.state_version}",
+        "bold",
     )
-    table = Table("key", "tool", "status", "attempts", "result", "receipt")
-    for c in calls:
-        table.add_row(
-            c.idempotency_key,
-            c.tool,
-            str(c.status),
-            str(c.attempts),
-            json.dumps(c.result),
-            json.dumps(c.receipt),
-        )
-    console.print(table)
+    if run.pause_reason:
+        line(f"pause reason: {run.pause_reason}")
+    for name in ("input", "state", "result", "error"):
+        value = getattr(run, name)
+        if isinstance(value, Undecodable):
+            line(f"{name}: {value}")
+    if calls:
+        table = Table()
+        for header in ("key", "tool", "status", "attempts", "result", "receipt"):
+            table.add_column(header, overflow="fold")  # folded, never cut with an ellipsis
+        for c in calls:
+            table.add_row(
+                Text(c.idempotency_key),
+                Text(c.tool),
+                Text(str(c.status)),
+                Text(str(c.attempts)),
+                Text(_shown(c.result)),
+                Text(_shown(c.receipt)),
+            )
+        console.print(table)
+    unknown = [c for c in calls if c.status == "unknown"]
+    if unknown and run.status in RESOLVABLE:
+        line(f"{len(unknown)} unknown call(s): check the provider, then run one of")
+        for c in unknown:
+            line("  " + resolve_command(c.idempotency_key))
 
 
 @main.command(context_settings=CONTEXT)
 @database_option
+@connect_option
 @click.argument("run_id")
 @_opt("--timeout", type=FiniteFloatRange(min=0), default=60.0, help="Seconds to wait.")
 @json_option
-def wait(database_url: str | None, run_id: str, timeout: float, as_json: bool) -> None:
+def wait(
+    database_url: str | None, connect_timeout: float, run_id: str, timeout: float, as_json: bool
+) -> None:
     """Wait until a run succeeds, fails, is cancelled or pauses; exit 1 unless it succeeded."""
-    with _client(database_url) as client:
+    with _client(database_url, connect_timeout) as client:
         try:
             run = client.wait(run_id, timeout)
         except TimeoutError as exc:
@@ -322,54 +455,100 @@ def wait(database_url: str | None, run_id: str, timeout: float, as_json: bool) -
     sys.exit(0 if run.status == "succeeded" else 1)
 
 
-@main.command(context_settings=CONTEXT)
+RESOLUTIONS = {
+    "applied": (
+        "the effect happened",
+        "succeeded, result = --receipt ({} without one); never sent again",
+        "the call succeeded, with that result",
+    ),
+    "not_applied": (
+        "the effect did not happen",
+        "planned; sent again under the same idempotency key",
+        "the outcome of that new attempt",
+    ),
+    "abandoned": (
+        "give up on the call, effect or not",
+        "failed, error {reason: abandoned, note}; never sent again",
+        "a failed call: a policy that ends on any history\n                 makes the run SUCCEED",
+    ),
+}
+
+
+def _resolutions_help() -> str:
+    rows = []
+    for word, (means, call, policy) in RESOLUTIONS.items():
+        rows.append(f"  {word}: {means}\n    call:        {call}\n    policy sees: {policy}")
+    return "\n".join(rows)
+
+
+RESOLVE_EPILOG = (
+    "\b\nWhat each RESOLUTION does:\n"
+    + _resolutions_help()
+    + "\n\n\b\nThe run: a paused run with no unknown call left is queued again, and its"
+    "\npolicy decides the next turn from the history above. A cancelled or failed"
+    "\nrun stays as it is: only the call (the ledger) changes."
+)
+
+
+@main.command(context_settings=CONTEXT, epilog=RESOLVE_EPILOG)
 @database_option
+@connect_option
 @click.argument("key")
-@click.argument("resolution", type=click.Choice(["applied", "not_applied", "abandoned"]))
+@click.argument("resolution", type=click.Choice(list(RESOLUTIONS)))
 @_opt("--receipt", default=None, help="Provider receipt (JSON object) for 'applied'.")
 @_opt("--note", default=None, help="Why; kept in the ledger.")
 def resolve(
-    database_url: str | None, key: str, resolution: str, receipt: str | None, note: str | None
+    database_url: str | None,
+    connect_timeout: float,
+    key: str,
+    resolution: str,
+    receipt: str | None,
+    note: str | None,
 ) -> None:
-    """Resolve an unknown call of a paused run."""
-    try:
-        receipt_obj = json.loads(receipt) if receipt else None
-    except ValueError as exc:
-        raise click.UsageError(f"--receipt is not JSON: {exc}") from exc
-    with _client(database_url) as client:
+    """Resolve an unknown call (KEY is its idempotency key, as `runledger status` shows it)."""
+    receipt_obj = _json_arg("--receipt", receipt, obj=True) if receipt else None
+    with _client(database_url, connect_timeout) as client:
         client.resolve(key, resolution, receipt_obj, note)
     click.echo(f"{key} resolved as {resolution}")
 
 
 @main.command(context_settings=CONTEXT)
 @database_option
+@connect_option
 @click.argument("run_id")
 @_opt("--reason", default=None, help="Why; kept in the ledger.")
-def cancel(database_url: str | None, run_id: str, reason: str | None) -> None:
+def cancel(
+    database_url: str | None, connect_timeout: float, run_id: str, reason: str | None
+) -> None:
     """Cancel a run; its current lease holder is refused from then on."""
-    with _client(database_url) as client:
+    with _client(database_url, connect_timeout) as client:
         client.cancel(run_id, reason)
     click.echo(f"{run_id} cancelled")
 
 
 @main.command(context_settings=CONTEXT)
 @database_option
+@connect_option
 @click.argument("run_id")
-def retry(database_url: str | None, run_id: str) -> None:
+def retry(database_url: str | None, connect_timeout: float, run_id: str) -> None:
     """Put a failed or paused run back in the queue."""
-    with _client(database_url) as client:
+    with _client(database_url, connect_timeout) as client:
         client.retry(run_id)
     click.echo(f"{run_id} queued")
 
 
 @main.command(context_settings=CONTEXT)
 @database_option
+@connect_option
 @json_option
-def audit(database_url: str | None, as_json: bool) -> None:
+def audit(database_url: str | None, connect_timeout: float, as_json: bool) -> None:
     """Check the run tables' invariants; exit 1 when any is broken."""
     from runledger.audit import run_checks
+    from runledger.db.execution import probe_blocking
 
-    findings = run_checks(_database_url(database_url))
+    url = _database_url(database_url)
+    probe_blocking(url, timeout=connect_timeout, application_name="runledger-audit")
+    findings = run_checks(url)
     if as_json:
         emit(
             [{"check": f.check.name, "ok": f.ok, "violations": f.rows} for f in findings],
@@ -397,16 +576,38 @@ def demo(database_url: str | None, runs: int, n_workers: int, kills: int, seed: 
     sys.exit(run_demo(database_url, runs, n_workers, kills, seed))
 
 
+def _joined(text: str) -> str:
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error's message, DETAIL and HINT on one line."""
+    return _joined(str(exc))
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(message, err=True)
+    sys.exit(code)
+
+
 def run() -> None:
-    """Entry point that turns runledger errors into exit code 1 with a clear line."""
+    """The entry point: every error is one line on stderr and an exit code of EXIT_CODES.
+
+    Usage errors (click's, and a malformed or missing URL: ``ConfigurationError``) exit 2;
+    a database that cannot be reached or has no (or an older) schema exits 3; any other
+    runledger error (a refusal by the database or the store) exits 1.
+    """
     try:
         main(standalone_mode=False)
     except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(1)
+        _fail("aborted", EXIT_FAILED)
+    except click.UsageError as exc:
+        _fail(f"Error: {_joined(exc.format_message())}", EXIT_USAGE)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        _fail(f"Error: {_joined(exc.format_message())}", exc.exit_code)
+    except errors.ConfigurationError as exc:
+        _fail(f"error: ConfigurationError: {_one_line(exc)}", EXIT_USAGE)
+    except (errors.DatabaseUnavailable, errors.SchemaMissing) as exc:
+        _fail(f"error: {type(exc).__name__}: {_one_line(exc)}", EXIT_UNAVAILABLE)
     except errors.RunLedgerError as exc:
-        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(1)
+        _fail(f"error: {type(exc).__name__}: {_one_line(exc)}", EXIT_FAILED)

@@ -16,7 +16,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from runledger import errors
-from runledger.config import resolve_database_url
+from runledger.config import connection_settings
 from runledger.db.store import Store
 from runledger.flows import Flow
 from runledger.model import (
@@ -35,10 +35,28 @@ SETTLED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus
 
 
 class Client:
-    """``Client(database_url)``; use as a context manager or call :meth:`close`."""
+    """``Client(database_url)``; use as a context manager or call :meth:`close`.
 
-    def __init__(self, database_url: str | None = None, *, actor: str | None = None) -> None:
-        self.database_url = resolve_database_url(database_url)
+    Connecting fails fast, within ``connect_timeout`` seconds (else ``RUNLEDGER_CONNECT_TIMEOUT``,
+    else the URL's ``connect_timeout``, else 5 s), with one of
+    :class:`~runledger.errors.DatabaseUnavailable` (down, wrong host, port, role or
+    database), :class:`~runledger.errors.SchemaMissing` (run ``runledger migrate``) or
+    :class:`~runledger.errors.ConfigurationError` (no URL, or not a URL).
+    """
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        actor: str | None = None,
+        connect_timeout: float | None = None,
+    ) -> None:
+        settings = connection_settings(database_url, connect_timeout)
+        self.database_url = settings.require_database_url()
+        # given (or from the environment): it wins; else the URL's own, else the default
+        self.connect_timeout = (
+            settings.connect_timeout if "connect_timeout" in settings.model_fields_set else None
+        )
         self.actor = actor or f"client:{getpass.getuser()}"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -46,7 +64,9 @@ class Client:
         )
         self._thread.start()
         try:
-            self._store: Store = self._run(Store.connect(self.database_url, max_size=2))
+            self._store: Store = self._run(
+                Store.connect(self.database_url, max_size=2, connect_timeout=self.connect_timeout)
+            )
         except BaseException:
             self._stop_loop()
             raise
@@ -106,8 +126,13 @@ class Client:
         version: str | None = None,
         priority: int = 0,
     ) -> SubmitResult:
+        """Submit a run; ``run_id=None`` generates one (an empty string is refused).
+
+        Bad arguments (an empty or malformed run id, a priority outside int32, input that
+        is not a JSON object or nests deeper than ``MAX_JSON_DEPTH``) raise
+        :class:`~runledger.errors.InvalidInput` before anything is sent."""
         name, ver = self.resolve_flow(flow, version)
-        rid = run_id or f"run-{uuid.uuid4().hex}"
+        rid = f"run-{uuid.uuid4().hex}" if run_id is None else run_id
         return self._run(self._store.submit_run(rid, name, ver, input, priority))
 
     def known_flows(self) -> set[str]:

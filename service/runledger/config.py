@@ -11,6 +11,10 @@ and help text. The rest follows from the declaration:
   :func:`runledger.worker.worker_from_settings`;
 - floats are finite: NaN and infinities are refused, whatever the range.
 
+:class:`ConnectionSettings` (the URL and ``connect_timeout``) is what a client reads
+(:func:`connection_settings`); every CLI command that connects has ``--connect-timeout``
+from the same field, and the worker passes it on in its URL (:func:`with_connect_timeout`).
+
 An empty environment variable counts as unset (as it does for click).
 """
 
@@ -21,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import annotated_types
-from pydantic import AliasChoices, Field, field_validator
+import psycopg
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runledger.errors import ConfigurationError
@@ -49,6 +54,12 @@ class ConnectionSettings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("RUNLEDGER_DATABASE_URL", "DATABASE_URL"),
         description="PostgreSQL URL.",
+    )
+    connect_timeout: float = Field(
+        default=5.0,
+        ge=1,
+        le=600,
+        description="Seconds to wait for the database before failing with one line.",
     )
 
     def require_database_url(self) -> str:
@@ -165,10 +176,50 @@ def load_settings(**overrides: object) -> Settings:
     return Settings(**clean)  # type: ignore[arg-type]
 
 
-def resolve_database_url(value: str | None = None) -> str:
-    """``value`` when given, else ``RUNLEDGER_DATABASE_URL``, else ``DATABASE_URL``.
+def connection_settings(
+    database_url: str | None = None, connect_timeout: float | None = None
+) -> ConnectionSettings:
+    """The connection settings: the values given, else the environment, else the defaults.
 
+    A bad value (``RUNLEDGER_CONNECT_TIMEOUT=soon``) is a one-line ``ConfigurationError``.
     Reads the connection settings only: a client is not refused for a bad worker setting.
     """
-    given = {"database_url": value} if value else {}
-    return ConnectionSettings(**given).require_database_url()
+    given: dict[str, Any] = {}
+    if database_url:
+        given["database_url"] = database_url
+    if connect_timeout is not None:
+        given["connect_timeout"] = connect_timeout
+    try:
+        return ConnectionSettings(**given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "setting"
+        raise ConfigurationError(
+            f"{name} ({ENV_PREFIX}{name.upper()}): {first['msg']}, got {first.get('input')!r}"
+        ) from None
+
+
+def resolve_database_url(value: str | None = None) -> str:
+    """``value`` when given, else ``RUNLEDGER_DATABASE_URL``, else ``DATABASE_URL``."""
+    return connection_settings(value).require_database_url()
+
+
+def with_connect_timeout(url: str, seconds: float) -> str:
+    """``url`` with libpq's ``connect_timeout`` set, so that every connection made from it
+    (a worker's pool and its listener too) gives up after ``seconds`` (libpq counts whole
+    seconds, at least 2, so ``seconds`` is rounded up to that)."""
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(url, connect_timeout=str(max(2, math.ceil(seconds))))
+
+
+def url_connect_timeout(url: str) -> float | None:
+    """The ``connect_timeout`` a URL or conninfo string sets, if it sets a usable one."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        value = conninfo_to_dict(url).get("connect_timeout")
+        seconds = float(value) if value is not None else None
+    except (ValueError, TypeError, psycopg.Error):
+        return None
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds > 0 else None

@@ -24,6 +24,11 @@ FLOW_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FLOW_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 CALL_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
+# How deeply a JSON argument may nest; the database enforces the same limit
+# (``runledger.settings.max_json_depth``). A scalar is depth 0, ``{"a": 1}`` and ``[]``
+# are depth 1, ``{"a": [1]}`` is depth 2.
+MAX_JSON_DEPTH = 64
+
 
 class RunStatus(StrEnum):
     QUEUED = "queued"

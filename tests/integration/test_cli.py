@@ -442,3 +442,119 @@ async def test_the_worker_command_makes_its_worker_from_settings(
         "env-run",
     )
     assert lease[0]["lease"].total_seconds() == 7.0
+
+
+# -- status prints keys, the pause reason and the resolve lines whole ------------------------
+
+
+async def test_status_prints_long_keys_and_the_resolve_line_whole_at_80_columns(
+    database_url: str, db: Db, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+    flow = _modes_flow(rec)
+    run_id = "r" + "-long" * 25 + "-x"  # 128 characters: the longest run id there is
+    assert len(run_id) == 128
+    key = f"{run_id}:0:c0"
+    await db.submit(run_id, flow, {"mode": "pause"})
+    await start_worker(flow)
+    paused = await db.wait_status(run_id, "paused")
+    result = CliRunner().invoke(
+        cli.main,
+        ["status", run_id],
+        env={"RUNLEDGER_DATABASE_URL": database_url, "COLUMNS": "80"},
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "…" not in result.stdout and "..." not in result.stdout
+    assert f"pause reason: {paused['pause_reason']}" in lines
+    assert f"  runledger resolve {key} applied|not_applied|abandoned" in lines
+    assert lines[0].startswith(f"{run_id} modes@1 paused ")
+    # the table folds the key over lines; every character is there, in order
+    cells = "".join(
+        line.split("│")[1].strip() for line in lines if line.startswith("│") and "│" in line[1:]
+    )
+    assert key in cells
+
+
+async def test_status_prints_no_resolve_line_without_unknown_calls(
+    invoke: Any, db: Db, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+    flow = _modes_flow(rec)
+    await db.submit("cli-ok", flow, {"mode": "ok"})
+    await start_worker(flow)
+    await db.wait_status("cli-ok", "succeeded")
+    out = invoke("status", "cli-ok").stdout
+    assert "runledger resolve" not in out and "pause reason" not in out
+
+
+# -- hostile arguments against a real database: one line, exit 2, nothing written -----------
+
+
+def _usage_cases() -> list[tuple[list[str], str]]:
+    from tests.unit.test_cli_options import USAGE
+
+    return [(argv, named) for argv, named in USAGE if argv[0] in ("submit", "resolve")]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"), _usage_cases(), ids=[" ".join(a)[:40] for a, _ in _usage_cases()]
+)
+def test_hostile_cli_arguments_write_nothing(
+    database_url: str,
+    admin_conn: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    named: str,
+) -> None:
+    from tests.integration.test_hostile_client import snapshot
+
+    admin_conn.execute("SELECT * FROM runledger.submit_run('k', 'nobody', '1', '{}')")
+    before = snapshot(admin_conn)
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", database_url)
+    monkeypatch.setattr(sys, "argv", ["runledger", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (2, "")
+    [line] = err.splitlines()
+    assert named in line and "Traceback" not in err
+    assert snapshot(admin_conn) == before
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["submit", "nobody@1", "--run-id", "bad id!"], "InvalidInput"),
+        (["submit", "nobody@1", "--run-id", "r" * 129], "InvalidInput"),
+        (["submit", "nobody@1", "--run-id", "a\x01b"], "InvalidInput"),
+        (["resolve", "nope:0:c0", "applied"], "RunNotFound"),
+        (["cancel", "no-such-run"], "RunNotFound"),
+        (["retry", "no-such-run"], "RunNotFound"),
+        (["status", "no-such-run"], "RunNotFound"),
+        (["resolve", "k:0:c0", "applied", "--note", "x\x00y"], "NUL"),
+    ],
+)
+def test_refusals_are_one_line_exit_1_and_write_nothing(
+    database_url: str,
+    admin_conn: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    from tests.integration.test_hostile_client import snapshot
+
+    argv = [a.encode().decode("unicode_escape") for a in argv]
+    admin_conn.execute("SELECT * FROM runledger.submit_run('k', 'nobody', '1', '{}')")
+    before = snapshot(admin_conn)
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", database_url)
+    monkeypatch.setattr(sys, "argv", ["runledger", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (1, ""), err
+    [line] = err.splitlines()
+    assert line.startswith("error: ") and message in line, line
+    assert snapshot(admin_conn) == before

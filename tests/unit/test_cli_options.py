@@ -294,3 +294,130 @@ def test_finite_float_range_keeps_its_range() -> None:
         with pytest.raises(click.BadParameter):
             t.convert(bad, None, None)
     assert math.isclose(cli.FiniteFloatRange().convert("1e300", None, None), 1e300)
+
+
+# -- exit codes, the connect timeout, hostile arguments stopped before connecting ----------
+
+CONNECTING = [
+    "submit",
+    "status",
+    "wait",
+    "resolve",
+    "cancel",
+    "retry",
+    "audit",
+    "migrate",
+    "worker",
+]
+
+
+@pytest.mark.parametrize("name", CONNECTING)
+def test_every_command_that_connects_has_connect_timeout(name: str) -> None:
+    [option] = [
+        o
+        for o in cli.main.commands[name].params
+        if isinstance(o, click.Option) and "--connect-timeout" in o.opts
+    ]
+    assert envvars(option) == ["RUNLEDGER_CONNECT_TIMEOUT"]
+    assert option.default == Settings.model_fields["connect_timeout"].default == 5.0
+
+
+def test_help_documents_every_exit_code() -> None:
+    result = CliRunner().invoke(cli.main, ["--help"], terminal_width=200)
+    assert result.exit_code == 0
+    assert set(cli.EXIT_CODES) == {0, 1, 2, 3}
+    for code, what in cli.EXIT_CODES.items():
+        assert f"{code}  {what}" in result.output
+
+
+def test_resolve_help_says_what_each_resolution_does() -> None:
+    result = CliRunner().invoke(cli.main, ["resolve", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    for word in ("applied", "not_applied", "abandoned"):
+        assert f"{word}: " in text
+    assert "sent again under the same idempotency key" in text
+    assert "a policy that ends on any history makes the run SUCCEED" in text
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _deep(depth: int, kind: str = "[") -> str:
+    close = "]" if kind == "[" else "}"
+    if kind == "[":
+        return "[" * depth + close * depth
+    return '{"a":' * depth + "1" + close * depth
+
+
+# Each stops before any connection: the URL points at a port nothing listens on, so
+# reaching the database would be exit 3, not 2.
+USAGE = [
+    (["submit", "f@1", "--run-id", ""], "'--run-id'"),
+    (["submit", "f@1", "--input", _deep(65, "{")], "--input nests deeper than the limit of 64"),
+    (["submit", "f@1", "--input", '{"a":' + _deep(30_000) + "}"], "--input nests deeper"),
+    (["submit", "f@1", "--input", '{"a":' + _deep(64) + "}"], "--input nests deeper"),
+    (["submit", "f@1", "--input", '{"a": NaN}'], "--input is not JSON"),
+    (["submit", "f@1", "--input", '{"a": 1e999}'], "--input is not JSON"),
+    (["submit", "f@1", "--input", '{"a": "\\u0000"}'], "NUL"),
+    (["submit", "f@1", "--input", "[1]"], "--input must be a JSON object"),
+    (["submit", "f@1", "--priority", "3000000000"], "'--priority'"),
+    (["submit", "f@1", "--priority", "-2147483649"], "'--priority'"),
+    (["submit", "f@1", "--priority", "nan"], "'--priority'"),
+    (["submit", "f@1", "--priority", "1.5"], "'--priority'"),
+    (
+        ["resolve", "k:0:c0", "applied", "--receipt", '{"a":' + _deep(30_000) + "}"],
+        "--receipt nests",
+    ),
+    (["resolve", "k:0:c0", "applied", "--receipt", _deep(65, "{")], "--receipt nests deeper"),
+    (["resolve", "k:0:c0", "applied", "--receipt", "[]"], "--receipt must be a JSON object"),
+    (["resolve", "k:0:c0", "applied", "--receipt", "{x"], "--receipt is not JSON"),
+    (["resolve", "k:0:c0", "maybe"], "'maybe' is not one of"),
+    (["status", "r", "--connect-timeout", "nan"], "'--connect-timeout'"),
+    (["status", "r", "--connect-timeout", "0"], "'--connect-timeout'"),
+    (["status", "r", "--connect-timeout", "soon"], "'--connect-timeout'"),
+    (["migrate", "--connect-timeout", "inf"], "'--connect-timeout'"),
+    (["worker", "--flows", "m:f", "--connect-timeout", "-1"], "'--connect-timeout'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "named"), USAGE, ids=[" ".join(a)[:50] for a, _ in USAGE])
+def test_hostile_arguments_are_one_usage_line_before_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    named: str,
+) -> None:
+    import sys
+
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", f"postgresql://u@127.0.0.1:{_closed_port()}/db")
+    monkeypatch.setattr(sys, "argv", ["runledger", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2, err
+    assert out == ""
+    [line] = err.splitlines()
+    assert line.startswith("Error: ") and named in line, line
+    assert "Traceback" not in err and "RecursionError" not in err
+
+
+def test_an_env_connect_timeout_that_is_not_a_number_is_a_usage_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setenv("RUNLEDGER_CONNECT_TIMEOUT", "soon")
+    monkeypatch.setattr(
+        sys, "argv", ["runledger", "status", "r", "--database-url", "postgresql://h/d"]
+    )
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    assert exit_.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "RUNLEDGER_CONNECT_TIMEOUT" in line

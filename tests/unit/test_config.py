@@ -141,6 +141,7 @@ INT_SETTINGS = [n for n, f in Settings.model_fields.items() if f.annotation is i
 # A valid value other than the default for every setting, as an env var would spell it.
 NON_DEFAULT = {
     "database_url": "postgresql://u@h/db",
+    "connect_timeout": "2.5",
     "worker_id": "w-env",
     "concurrency": "9",
     "lease_seconds": "12.5",
@@ -222,6 +223,7 @@ def test_floats_refuse_nan_and_infinities(
         ("max_stalled_claims", [0], [1]),
         ("tool_timeout", [0, 0.009], [0.01, 10**6]),
         ("policy_timeout", [0, -1], [0.01]),
+        ("connect_timeout", [0, 0.99, 600.5, -1], [1, 2.5, 600]),
     ],
 )
 def test_ranges(name: str, refused: list[float], accepted: list[float]) -> None:
@@ -331,3 +333,61 @@ def test_worker_from_settings_without_a_url_is_a_configuration_error() -> None:
 
     with pytest.raises(ConfigurationError):
         worker_from_settings(Settings(), [_flow()])
+
+
+# -- the connect timeout: a connection setting, for clients and every command -------------
+
+
+def test_connect_timeout_is_a_connection_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runledger.config import ConnectionSettings, connection_settings
+
+    assert "connect_timeout" in ConnectionSettings.model_fields
+    assert connection_settings("postgresql://u@h/db").connect_timeout == 5.0
+    monkeypatch.setenv("RUNLEDGER_CONNECT_TIMEOUT", "3")
+    assert connection_settings("postgresql://u@h/db").connect_timeout == 3.0
+    assert connection_settings("postgresql://u@h/db", 7.5).connect_timeout == 7.5  # given wins
+
+
+@pytest.mark.parametrize("value", ["soon", "nan", "inf", "0", "601"])
+def test_a_bad_connect_timeout_is_one_configuration_error_line(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    from runledger.config import connection_settings
+
+    monkeypatch.setenv("RUNLEDGER_CONNECT_TIMEOUT", value)
+    with pytest.raises(ConfigurationError, match="RUNLEDGER_CONNECT_TIMEOUT") as info:
+        resolve_database_url("postgresql://u@h/db")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigurationError):
+        connection_settings("postgresql://u@h/db")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "libpq"), [(1, "2"), (2, "2"), (2.5, "3"), (5, "5"), (600, "600")]
+)
+def test_with_connect_timeout_gives_libpq_whole_seconds(seconds: float, libpq: str) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from runledger.config import url_connect_timeout, with_connect_timeout
+
+    url = with_connect_timeout("postgresql://u:secret@h:5433/db?sslmode=disable", seconds)
+    params = conninfo_to_dict(url)
+    assert params["connect_timeout"] == libpq
+    assert (params["host"], params["port"], params["dbname"], params["user"]) == (
+        "h",
+        "5433",
+        "db",
+        "u",
+    )
+    assert (params["password"], params["sslmode"]) == ("secret", "disable")
+    assert url_connect_timeout(url) == float(libpq)
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://u@h/db", "notaurl", "postgresql://h/db?connect_timeout=x"]
+)
+def test_url_connect_timeout_is_none_unless_the_url_sets_a_usable_one(url: str) -> None:
+    from runledger.config import url_connect_timeout
+
+    assert url_connect_timeout(url) is None
+    assert url_connect_timeout("postgresql://h/db?connect_timeout=7") == 7.0

@@ -180,3 +180,118 @@ json_values = st.recursive(
 @given(st.dictionaries(clean_text, json_values, max_size=6))
 def test_clean_json_objects_pass(value: dict[str, Any]) -> None:
     check_json("input", value, obj=True)
+
+
+# -- JSON: nesting (iterative, the database's limit) -------------------------------------------
+
+from runledger.db.validate import INT32_MAX, INT32_MIN, check_int32  # noqa: E402
+from runledger.model import MAX_JSON_DEPTH  # noqa: E402
+
+
+def nested(depth: int, kind: str = "object") -> Any:
+    """A value ``depth`` levels deep: ``{"a": {"a": 1}}`` is 2, ``[[]]`` is 2."""
+    value: Any = 1 if kind == "object" else []
+    for level in range(depth if kind == "object" else depth - 1):
+        value = {"a": value} if kind == "object" else [value]
+        del level
+    return value
+
+
+def test_the_limit_is_the_databases_64() -> None:
+    assert MAX_JSON_DEPTH == 64
+
+
+@pytest.mark.parametrize("kind", ["object", "array"])
+def test_depth_up_to_the_limit_is_accepted(kind: str) -> None:
+    check_json("result", nested(MAX_JSON_DEPTH, kind), obj=False)
+    check_json("input", {"x": nested(MAX_JSON_DEPTH - 1, kind)}, obj=True)
+
+
+@pytest.mark.parametrize("kind", ["object", "array"])
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 1_000, 100_000, 1_000_000])
+def test_deeper_is_invalid_input_naming_the_limit_never_recursion_error(
+    kind: str, depth: int
+) -> None:
+    with pytest.raises(
+        InvalidInput, match=f"result nests deeper than the limit of {MAX_JSON_DEPTH}"
+    ):
+        check_json("result", nested(depth, kind), obj=False)
+
+
+def test_the_depth_check_does_not_recurse() -> None:
+    import sys
+
+    frames, frame = 0, sys._getframe()
+    while frame is not None:
+        frames, frame = frames + 1, frame.f_back  # type: ignore[assignment]
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(frames + 40)  # a recursive walk 65 levels deep would not fit
+    try:
+        with pytest.raises(InvalidInput, match="nests deeper"):
+            check_json("state", nested(MAX_JSON_DEPTH + 1), obj=False)
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def test_a_value_that_contains_itself_is_refused_as_too_deep() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = cyclic
+    for value in (loop, cyclic):
+        with pytest.raises(InvalidInput, match="nests deeper"):
+            check_json("args", value, obj=False)
+
+
+def test_a_scalar_is_depth_zero_and_an_empty_container_one() -> None:
+    check_json("result", "x", obj=False, max_depth=0)
+    check_json("result", [], obj=False, max_depth=1)
+    check_json("input", {"a": 1}, obj=True, max_depth=1)
+    for value, limit in (([], 0), ([[]], 1), ({"a": {}}, 1), ({"a": [1]}, 1)):
+        with pytest.raises(InvalidInput, match=f"limit of {limit} levels"):
+            check_json("result", value, obj=False, max_depth=limit)
+
+
+def test_the_walk_reports_the_first_bad_string_in_document_order() -> None:
+    with pytest.raises(InvalidInput, match=r"at \[1\]"):
+        check_json("args", ["ok", "a\x00", "b\x00"], obj=False)
+
+
+# -- int32 (priority) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 1, -1, INT32_MIN, INT32_MAX])
+def test_int32_accepts_its_range(value: int) -> None:
+    assert check_int32("priority", value) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        INT32_MAX + 1,
+        INT32_MIN - 1,
+        2**63,
+        3_000_000_000,
+        10**5000,
+        math.nan,
+        math.inf,
+        3.0,
+        True,
+        False,
+        "3",
+        None,
+        b"3",
+        [3],
+    ],
+    ids=lambda v: (
+        f"{type(v).__name__}-{v!r:.20}" if not isinstance(v, int) or v < 10**20 else "huge"
+    ),
+)
+def test_int32_refuses_the_rest_naming_the_range(value: object) -> None:
+    with pytest.raises(
+        InvalidInput,
+        match=r"priority must be an integer from -2147483648 to "
+        r"2147483647 \(int32\)",
+    ) as info:
+        check_int32("priority", value)
+    assert len(str(info.value)) < 200

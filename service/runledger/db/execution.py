@@ -12,18 +12,31 @@ statement is one transaction. Two ways to send one:
 
 Serialization failures and deadlocks (the transaction was rolled back) are sent again
 without a read-back.
+
+Connecting (:func:`probe`, which :meth:`runledger.db.store.Store.connect` and
+``runledger migrate`` call first) fails fast and says why in one line: within the connect
+timeout, a :class:`~runledger.errors.DatabaseUnavailable` naming host, port and database
+and what to do (``createdb``, the role and password, the server), a
+:class:`~runledger.errors.ConfigurationError` for a URL that is not one, and a
+:class:`~runledger.errors.SchemaMissing` for a database without the runledger schema or
+with an older revision of it (``runledger migrate``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import os
 import random
+import re
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -69,6 +82,179 @@ def map_error(exc: psycopg.Error, **fields: Any) -> errors.RunLedgerError | None
             message, detail=diag.message_detail or None, hint=diag.message_hint or None, **fields
         )
     return None
+
+
+# -- connecting ----------------------------------------------------------------------------
+
+
+def connect_timeout_param(seconds: float) -> int:
+    """libpq's ``connect_timeout`` for ``seconds``: whole seconds, at least 2 (libpq's floor)."""
+    return max(2, math.ceil(seconds))
+
+
+def _where(url: str) -> tuple[str, str, str, str]:
+    """(host, port, database, role) that ``url`` names, with libpq's environment defaults.
+
+    Never the password. A string libpq cannot parse is a ``ConfigurationError``.
+    """
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        reason = " ".join(str(exc).split())
+        raise errors.ConfigurationError(
+            f"the database URL is not a PostgreSQL URL ({reason}): "
+            "expected postgresql://user@host:port/dbname"
+        ) from None
+    role = str(params.get("user") or os.environ.get("PGUSER") or _os_user())
+    host = str(params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "")
+    port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
+    dbname = str(params.get("dbname") or os.environ.get("PGDATABASE") or role)
+    return host or "the local socket", port, dbname, role
+
+
+def _os_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "?"
+
+
+_FAILED_AT = re.compile(r"^.*?failed: ", re.DOTALL)
+
+
+def _reason(exc: BaseException) -> str:
+    """libpq's reason, on one line: 'FATAL:  database "x" does not exist' -> 'database ...'."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    first = _FAILED_AT.sub("", first.removeprefix("connection failed: "))
+    return first.removeprefix("FATAL:").strip()
+
+
+_AUTH = (
+    "password authentication failed",
+    "authentication failed",
+    "no password supplied",
+    "pg_hba.conf",
+    "permission denied for database",
+)
+
+
+def connect_error(
+    exc: BaseException, url: str, timeout: float | None
+) -> errors.DatabaseUnavailable | errors.ConfigurationError:
+    """The one-line runledger error for a failed connection attempt to ``url``."""
+    if isinstance(exc, psycopg.ProgrammingError):
+        try:
+            _where(url)
+        except errors.ConfigurationError as bad_url:
+            return bad_url
+        return errors.ConfigurationError(f"bad connection setting: {_reason(exc)}")
+    host, port, dbname, role = _where(url)
+    at = f"PostgreSQL at {host}:{port}"
+    reason = _reason(exc)
+    lowered = reason.lower()
+    if "database" in lowered and "does not exist" in lowered:
+        return errors.DatabaseUnavailable(
+            f"database {dbname!r} does not exist on {at}: create it with `createdb {dbname}` "
+            "(or CREATE DATABASE), then run `runledger migrate`"
+        )
+    if ("role" in lowered and "does not exist" in lowered) or any(a in lowered for a in _AUTH):
+        return errors.DatabaseUnavailable(
+            f"{at} refused role {role!r} for database {dbname!r} ({reason}): "
+            "check the role and password in the database URL"
+        )
+    if isinstance(exc, TimeoutError | psycopg.errors.ConnectionTimeout) or "timeout" in lowered:
+        within = f" within {timeout:g} s" if timeout is not None else ""
+        return errors.DatabaseUnavailable(
+            f"no answer from {at} (database {dbname!r}){within}: check the host and port in "
+            "the database URL and that the server is running (or raise --connect-timeout)"
+        )
+    return errors.DatabaseUnavailable(
+        f"cannot reach {at} (database {dbname!r}): {reason}; "
+        "check that the server is running and the host and port in the database URL"
+    )
+
+
+async def probe(
+    url: str, *, timeout: float, application_name: str = "runledger", check_schema: bool = True
+) -> None:
+    """Connect once within ``timeout`` seconds and check the schema, or raise the one line.
+
+    The schema check: ``runledger.runs`` exists, and the database is not at an older
+    revision than this code's head (a newer one is fine: two releases share a database
+    during a rolling deploy).
+    """
+    host, port, dbname, _ = _where(url)
+    try:
+        async with asyncio.timeout(timeout):
+            conn = await psycopg.AsyncConnection.connect(
+                url,
+                autocommit=True,
+                connect_timeout=connect_timeout_param(timeout),
+                application_name=application_name[:63],
+            )
+    except TimeoutError as exc:
+        raise connect_error(exc, url, timeout) from None
+    except psycopg.Error as exc:
+        raise connect_error(exc, url, timeout) from None
+    async with conn:
+        if check_schema:
+            await _check_schema(conn, f"database {dbname!r} at {host}:{port}")
+
+
+def probe_blocking(
+    url: str, *, timeout: float, application_name: str = "runledger", check_schema: bool = True
+) -> None:
+    """:func:`probe` from synchronous code, whether or not an event loop runs in this thread
+    (it gets a loop of its own, in a thread of its own)."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(
+                probe(
+                    url,
+                    timeout=timeout,
+                    application_name=application_name,
+                    check_schema=check_schema,
+                )
+            )
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="runledger-probe", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
+async def _check_schema(conn: psycopg.AsyncConnection[Any], where: str) -> None:
+    from runledger.db.migrate import revision_chain
+
+    cur = await conn.execute(
+        "SELECT to_regclass('runledger.runs') IS NOT NULL, "
+        "to_regclass('runledger.alembic_version') IS NOT NULL"
+    )
+    found = await cur.fetchone()
+    has_runs, has_version = found if found is not None else (False, False)
+    if not has_runs:
+        raise errors.SchemaMissing(
+            f"{where} has no runledger schema: run `runledger migrate` with this database URL"
+        )
+    if not has_version:
+        return
+    cur = await conn.execute("SELECT version_num FROM runledger.alembic_version LIMIT 1")
+    row = await cur.fetchone()
+    version = None if row is None else str(row[0])
+    chain = revision_chain()
+    if version is None or version in chain[:-1]:
+        raise errors.SchemaMissing(
+            f"{where} is at schema revision {version or 'none'}, this code needs {chain[-1]}: "
+            "run `runledger migrate`"
+        )
 
 
 def word(what: str, value: str, enum: type[E]) -> E:

@@ -2,20 +2,35 @@
 
 The revisions live in ``migrations/`` of a checkout; the wheel ships them inside the
 package as ``runledger/_migrations``.
+
+Alembic and SQLAlchemy are imported only by the functions that need them: every
+:class:`~runledger.db.store.Store` checks the schema's revision when it connects
+(:func:`revision_chain`, read from the revision files without importing them), and
+that should not cost a command half a second.
+
+A database that cannot be reached is :class:`~runledger.errors.DatabaseUnavailable`,
+one line naming host, port and database and what to do (``createdb <name>``), never a
+driver traceback: :func:`check_reachable` connects once with a timeout before Alembic
+does, and :func:`current` and :func:`upgrade` map a connection failure the same way.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import functools
 import io
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, pool
+import psycopg
 
+from runledger.db.execution import connect_error, is_connection_error, probe_blocking
 from runledger.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -35,6 +50,8 @@ def sqlalchemy_url(url: str) -> str:
 
 
 def alembic_config(url: str | None, *, output: io.StringIO | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config(output_buffer=output) if output is not None else Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     if url:
@@ -44,14 +61,58 @@ def alembic_config(url: str | None, *, output: io.StringIO | None = None) -> Con
 
 
 def head() -> str:
+    from alembic.script import ScriptDirectory
+
     heads = ScriptDirectory.from_config(alembic_config(None)).get_heads()
     if len(heads) != 1:
         raise ConfigurationError(f"expected one migration head, found {heads}")
     return heads[0]
 
 
+def _assigned(tree: ast.Module, name: str) -> str | None:
+    for node in tree.body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        value = getattr(node, "value", None)
+        if (
+            any(isinstance(t, ast.Name) and t.id == name for t in targets)
+            and isinstance(value, ast.Constant)
+            and isinstance(value.value, str | None)
+        ):
+            return value.value
+    return None
+
+
+@functools.cache
+def revision_chain() -> tuple[str, ...]:
+    """The revisions from the first to the head, read from the revision files (``revision``
+    and ``down_revision``) without importing Alembic; the head is the last one."""
+    parents: dict[str, str | None] = {}
+    for path in sorted((migrations_dir() / "versions").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        revision = _assigned(tree, "revision")
+        if revision is not None:
+            parents[revision] = _assigned(tree, "down_revision")
+    children = {parent: rev for rev, parent in parents.items()}
+    chain: list[str] = []
+    current = children.get(None)
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = children.get(current)
+    if len(chain) != len(parents):
+        raise ConfigurationError(f"the migrations are not one linear chain: {sorted(parents)}")
+    return tuple(chain)
+
+
 def known(revision: str) -> bool:
     """Whether this code has ``revision`` (a database ahead of the code has one it lacks)."""
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(alembic_config(None))
     try:
         return script.get_revision(revision) is not None
@@ -59,24 +120,56 @@ def known(revision: str) -> bool:
         return False
 
 
+def check_reachable(url: str, connect_timeout: float) -> None:
+    """Connect once, within ``connect_timeout`` seconds, or raise the one-line error
+    (:class:`~runledger.errors.DatabaseUnavailable`: ``createdb <name>`` for a database
+    that does not exist; :class:`~runledger.errors.ConfigurationError` for a bad URL)."""
+    probe_blocking(
+        url, timeout=connect_timeout, application_name="runledger-migrate", check_schema=False
+    )
+
+
+@contextlib.contextmanager
+def _mapped(url: str) -> Iterator[None]:
+    """A connection failure inside SQLAlchemy or Alembic as the one-line runledger error."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        yield
+    except DBAPIError as exc:
+        if isinstance(exc.orig, psycopg.Error) and is_connection_error(exc.orig):
+            raise connect_error(exc.orig, url, None) from exc
+        raise
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    from alembic import command
+
+    with _mapped(url):
+        command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str) -> None:
+    from alembic import command
+
     command.downgrade(alembic_config(url), revision)
 
 
 def offline_sql(revision: str = "head") -> str:
+    from alembic import command
+
     out = io.StringIO()
     command.upgrade(alembic_config(None, output=out), revision, sql=True)
     return out.getvalue()
 
 
 def current(url: str) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+    from sqlalchemy import create_engine, pool
+
     engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
     try:
-        with engine.connect() as conn:
+        with _mapped(url), engine.connect() as conn:
             ctx = MigrationContext.configure(conn, opts={"version_table_schema": "runledger"})
             return ctx.get_current_revision()
     finally:

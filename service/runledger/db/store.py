@@ -24,11 +24,12 @@ from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from runledger import errors
+from runledger.config import default, url_connect_timeout
 from runledger.db import decode
-from runledger.db.execution import map_error, word
+from runledger.db.execution import connect_error, connect_timeout_param, map_error, probe, word
 from runledger.db.landed import FINISHED_STATUS, ReadBacks
 from runledger.db.results import (
     CALL_STATUS_AFTER,
@@ -42,7 +43,7 @@ from runledger.db.results import (
     Requeued,
     Resolved,
 )
-from runledger.db.validate import check_text
+from runledger.db.validate import check_int32, check_text
 from runledger.model import (
     ClaimedRun,
     FencingToken,
@@ -72,8 +73,24 @@ class Store(ReadBacks):
         min_size: int = 1,
         max_size: int = 4,
         application_name: str = "runledger",
+        connect_timeout: float | None = None,
+        check_schema: bool = True,
         **kwargs: Any,
     ) -> Store:
+        """Probe the database once, then open the pool; fail within ``connect_timeout``.
+
+        ``connect_timeout`` (seconds): when ``None``, the URL's own ``connect_timeout``,
+        else the ``connect_timeout`` setting's default. A database that cannot be reached
+        is :class:`~runledger.errors.DatabaseUnavailable`, one without the runledger schema
+        (or an older one) :class:`~runledger.errors.SchemaMissing`, a string that is not a
+        URL :class:`~runledger.errors.ConfigurationError`: one line each, naming host, port
+        and database (see :func:`runledger.db.execution.probe`).
+        """
+        timeout = connect_timeout
+        if timeout is None:
+            timeout = url_connect_timeout(url) or float(default("connect_timeout"))
+        name = application_name[:63]
+        await probe(url, timeout=timeout, application_name=name, check_schema=check_schema)
         pool = AsyncConnectionPool(
             url,
             min_size=min_size,
@@ -81,13 +98,21 @@ class Store(ReadBacks):
             kwargs={
                 "autocommit": True,
                 "row_factory": dict_row,
-                "application_name": application_name[:63],
+                "application_name": name,
+                "connect_timeout": connect_timeout_param(timeout),
             },
             open=False,
             name="runledger",
             configure=decode.configure,  # one undecodable value never fails a whole batch
         )
-        await pool.open(wait=True, timeout=30)
+        try:
+            await pool.open(wait=True, timeout=timeout)
+        except PoolTimeout as exc:  # it answered the probe, then went away
+            await pool.close()
+            raise connect_error(TimeoutError(str(exc)), url, timeout) from None
+        except BaseException:
+            await pool.close()
+            raise
         return cls(pool, **kwargs)
 
     # -- worker side ---------------------------------------------------------------
@@ -104,12 +129,16 @@ class Store(ReadBacks):
         """Safe to repeat: submitting the same run again is a no-op by contract. (After
         a lost acknowledgement, ``created`` is the re-send's answer: false.)"""
         check_text("run id", run_id)
+        if not run_id:
+            raise errors.InvalidInput("run id must not be empty (pass None to generate one)")
         check_text("flow", flow)
         check_text("flow version", flow_version)
+        prio = check_int32("priority", priority)  # a bigint would pick no overload
         payload = self._json("input", input, obj=True)
         rows = await self._read(
-            "SELECT * FROM runledger.submit_run(%s, %s, %s, %s::jsonb, %s, %s::timestamptz)",
-            (run_id, flow, flow_version, payload, priority, available_at),
+            "SELECT * FROM runledger.submit_run"
+            "(%s, %s, %s, %s::jsonb, %s::integer, %s::timestamptz)",
+            (run_id, flow, flow_version, payload, prio, available_at),
             fields={"run_id": run_id},
         )
         return SubmitResult(run_id=RunId(rows[0]["run_id"]), created=bool(rows[0]["created"]))

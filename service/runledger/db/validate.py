@@ -2,15 +2,19 @@
 
 PostgreSQL cannot store NUL in ``text`` nor ``\\u0000`` in ``jsonb``; the driver
 would fail with a generic error. These turn such values into ``InvalidInput`` with
-the name of the offending field, and nothing is sent.
+the name of the offending field, and nothing is sent. Nesting deeper than
+:data:`runledger.model.MAX_JSON_DEPTH` is refused here too (the database refuses it as
+well), and the walk is iterative: no input can make it raise ``RecursionError``.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 from typing import Any
 
 from runledger.errors import InvalidInput
+from runledger.model import MAX_JSON_DEPTH
 
 
 def _encodable(what: str, value: str, where: str = "") -> None:
@@ -33,31 +37,79 @@ def check_text(what: str, value: object, *, max_chars: int | None = None) -> Non
         raise InvalidInput(f"{what} must be 1-{max_chars} characters, got {len(value)}")
 
 
-def _walk(what: str, value: Any, path: str) -> None:
-    if isinstance(value, str):
-        _encodable(what, value, f" at {path or '$'}")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidInput(f"{what} has a non-string key at {path or '$'}: {key!r}")
-            _encodable(f"{what} key", key, f" at {path or '$'}")
-            _walk(what, item, f"{path}.{key}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _walk(what, item, f"{path}[{i}]")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def check_int32(what: str, value: object) -> int:
+    """An integer PostgreSQL's ``integer`` holds; ``bool``, floats (NaN too) and strings
+    are refused rather than converted."""
+    allowed = f"an integer from {INT32_MIN} to {INT32_MAX} (int32)"
+    if isinstance(value, bool):
+        raise InvalidInput(f"{what} must be {allowed}, got {value!r}")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidInput(
+            f"{what} must be {allowed}, got {type(value).__name__} {value!r:.40}"
+        ) from None
+    if not INT32_MIN <= number <= INT32_MAX:
+        shown = str(number) if abs(number) < 10**30 else f"a {number.bit_length()}-bit integer"
+        raise InvalidInput(f"{what} must be {allowed}, got {shown}")
+    return number
+
+
+def _walk(what: str, value: Any, max_depth: int) -> None:
+    """Every string and key of ``value``, and its nesting, checked without recursion.
+
+    An explicit stack of ``(item, path, depth)``: a value nested a million levels deep
+    (or one that contains itself) is refused at level ``max_depth + 1``, never with a
+    ``RecursionError``.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, str):
+            _encodable(what, item, f" at {path or '$'}")
+            continue
+        if not isinstance(item, dict | list | tuple):
+            continue
+        if depth + 1 > max_depth:
+            where = path if len(path) <= 60 else path[:57] + "..."
+            raise InvalidInput(
+                f"{what} nests deeper than the limit of {max_depth} levels of objects and "
+                f"arrays (at {where or '$'})"
+            )
+        children: list[tuple[Any, str, int]] = []
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise InvalidInput(f"{what} has a non-string key at {path or '$'}: {key!r}")
+                _encodable(f"{what} key", key, f" at {path or '$'}")
+                children.append((child, f"{path}.{key}", depth + 1))
+        else:
+            children = [(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item)]
+        stack.extend(reversed(children))  # depth first, in document order
 
 
 def check_json(
-    what: str, value: Any, *, obj: bool, nullable: bool = False, cap: int | None = None
+    what: str,
+    value: Any,
+    *,
+    obj: bool,
+    nullable: bool = False,
+    cap: int | None = None,
+    max_depth: int = MAX_JSON_DEPTH,
 ) -> None:
-    """Refuse what ``jsonb`` cannot hold or the contract does not accept."""
+    """Refuse what ``jsonb`` cannot hold or the contract does not accept: NUL, lone
+    surrogates, non-string keys, NaN, values JSON cannot encode, nesting deeper than
+    ``max_depth`` (the database's limit), and more than ``cap`` bytes."""
     if value is None:
         if not nullable:
             raise InvalidInput(f"{what} must not be null")
         return
     if obj and not isinstance(value, dict):
         raise InvalidInput(f"{what} must be a JSON object, got {type(value).__name__}")
-    _walk(what, value, "")
+    _walk(what, value, max_depth)  # first: json.dumps below recurses
     try:
         # measured like the database does: octet_length of UTF-8 text
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
