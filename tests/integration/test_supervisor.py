@@ -161,7 +161,15 @@ async def test_a_listener_bug_stops_the_worker(
     await eventually(lambda: w.store is not None, what="worker start")
     w.flows = Flows(w.flows)  # the listener checks each notification against it
     await db.submit("sup-2", flow)  # NOTIFY runledger_runs
-    await eventually(task.done, what="the worker to stop")
+
+    async def notified_and_stopped() -> bool:
+        # a notification that reached the connection before the listener iterated may not
+        # be delivered to it: notify again until the listener has seen one
+        if not task.done():
+            await db.rows("SELECT pg_notify('runledger_runs', 'any@1')")
+        return task.done()
+
+    await eventually(notified_and_stopped, interval=0.05, what="the worker to stop")
     with pytest.raises(WorkerFailed) as failed:
         task.result()
     assert failed.value.task == "listener"

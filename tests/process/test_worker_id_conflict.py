@@ -67,9 +67,12 @@ def test_a_worker_whose_id_was_taken_while_its_listener_was_away_stops(
     (w0,) = workers.start(1, args=args)
     listener = wait_for(
         lambda: admin_conn.execute(
+            # started: registered on its listener, which now LISTENs (a cut before that is a
+            # failed start, exit 3, not the conflict this test is about)
             "SELECT pid FROM pg_stat_activity WHERE application_name = 'runledger-listener:w0'"
+            " AND query = 'LISTEN runledger_runs'"
         ).fetchone(),
-        what="w0's listener",
+        what="w0's listener listening",
     )[0]
     wait_for(lambda: _registered_pid(admin_conn) == workers.pid(w0), what="w0 registered")
 

@@ -116,6 +116,8 @@ class Writes:
                     str(exc),
                 )
             )
+        except errors.RunNotFound:  # pruned meanwhile: nothing left to record it against
+            log.info("refused write not recorded: the run is gone", extra={"run_id": active.run_id})
         except Exception:
             log.exception("could not record the refused write", extra={"run_id": active.run_id})
 
