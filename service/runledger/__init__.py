@@ -12,11 +12,20 @@ from runledger.errors import (
     RunNotFound,
     VersionConflict,
 )
-from runledger.flows import Flow, NotApplied, Receipt, ToolCall, ToolContext
+from runledger.flows import (
+    Decision,
+    Flow,
+    NotApplied,
+    Receipt,
+    ToolCall,
+    ToolContext,
+    tool_context,
+)
 from runledger.model import Safety
 
 __all__ = [
     "Client",
+    "Decision",
     "Flow",
     "InvalidInput",
     "InvalidTransition",
@@ -30,4 +39,5 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "VersionConflict",
+    "tool_context",
 ]

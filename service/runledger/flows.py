@@ -9,11 +9,13 @@ handled like a crash after sending.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -25,11 +27,33 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One call the policy decides on. ``call_id`` defaults to ``c<position>``."""
+    """One call the policy decides on. ``call_id`` defaults to ``c<position>``.
+
+    ``provider_id`` is the model's own id for this call (Anthropic ``tool_use.id``, OpenAI
+    ``call_id``): it is kept with the turn only to map results back into the provider's
+    messages, never used in an idempotency key (providers repeat ids across runs).
+    """
 
     tool: str
     args: dict[str, Any] = field(default_factory=dict)
     call_id: str | None = None
+    provider_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What a policy may return instead of a bare list of :class:`ToolCall`.
+
+    - ``calls``: the tool calls of this turn; none ends the run;
+    - ``record``: the provider-native assistant message (text, reasoning blocks with their
+      signatures, tool-call ids, usage), JSON, stored verbatim with the turn so that the
+      next request can send it back exactly;
+    - ``output``: when there are no calls, the run's result.
+    """
+
+    calls: Sequence[ToolCall] = ()
+    record: dict[str, Any] | None = None
+    output: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +106,38 @@ class HistoryCall:
     status: str
     result: Any
     error: Any
+    provider_id: str | None = None  # the model's id for the call (ToolCall.provider_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HistoryTurn:
     turn: int
     calls: tuple[HistoryCall, ...]
+    record: dict[str, Any] | None = None  # the decision's provider-native message (Decision.record)
+
+
+_TOOL_CONTEXT: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("runledger_tool")
+
+
+def tool_context() -> ToolContext:
+    """The :class:`ToolContext` of the tool call running now (for tool code that is not
+    handed a ``ctx``, e.g. a framework's tool function). Raises ``LookupError`` outside
+    a runledger tool call."""
+    try:
+        return _TOOL_CONTEXT.get()
+    except LookupError:
+        raise LookupError("runledger.tool_context() called outside a runledger tool call") from None
+
+
+@contextlib.contextmanager
+def using_tool_context(ctx: ToolContext) -> Iterator[ToolContext]:
+    """Make ``ctx`` what :func:`tool_context` returns inside the block (threads started
+    with ``asyncio.to_thread`` inherit it)."""
+    token = _TOOL_CONTEXT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _TOOL_CONTEXT.reset(token)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
