@@ -1,0 +1,1 @@
+"""Adapters for agent frameworks and model SDKs: they build flows, never touch the database."""
