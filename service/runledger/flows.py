@@ -263,7 +263,8 @@ class Flow:
         return register
 
     def policy(self, fn: F) -> F:
-        """Register the policy: ``fn(ctx, history) -> list[ToolCall]``; ``[]`` ends the run."""
+        """Register the policy: ``fn(ctx, history) -> Decision | list[ToolCall]``; no calls
+        end the run (a :class:`Decision`'s ``output`` is then the run's result)."""
         if self.policy_fn is not None:
             raise ValueError(f"flow {self.ref} already has a policy")
         self.policy_fn = fn
@@ -277,10 +278,27 @@ class Flow:
             if t.safety is Safety.LOOKUP and t.lookup_fn is None:
                 raise ValueError(f"tool {t.name} of {self.ref} is 'lookup' but has no @lookup")
 
-    def normalize(self, decided: Sequence[ToolCall]) -> list[dict[str, Any]]:
-        """Check a decision and turn it into the ``record_turn`` payload."""
+    def normalize(self, decided: Decision | Sequence[ToolCall]) -> Recordable:
+        """Check a decision (a :class:`Decision` or a bare list of :class:`ToolCall`) and
+        turn it into what ``record_turn_v2`` records.
+
+        Call ids are runledger's: ``c<position>`` unless the policy gives a valid
+        ``call_id``; a ``provider_id`` is kept beside the call, never used as its id."""
+        record: dict[str, Any] | None = None
+        output: Any = None
+        if isinstance(decided, Decision):
+            record, output = decided.record, decided.output
+            if record is not None and not isinstance(record, dict):
+                raise InvalidDecision(f"the record must be a dict or None, got {type(record)}")
+            _check_json("the record", record)
+            _check_json("the output", output)
+            decided = decided.calls
+            if output is not None and decided:
+                raise InvalidDecision("a decision with calls has no output (output ends the run)")
         if not isinstance(decided, list | tuple):
-            raise InvalidDecision(f"the policy must return a list of ToolCall, got {type(decided)}")
+            raise InvalidDecision(
+                f"the policy must return a Decision or a list of ToolCall, got {type(decided)}"
+            )
         calls: list[dict[str, Any]] = []
         seen: set[str] = set()
         for position, call in enumerate(decided):
@@ -297,17 +315,42 @@ class Flow:
             if not CALL_ID_RE.fullmatch(call_id) or call_id in seen:
                 raise InvalidDecision(f"invalid or repeated call id {call_id!r}")
             seen.add(call_id)
-            calls.append({"call_id": call_id, "tool": call.tool, "args": call.args})
-        return calls
+            entry: dict[str, Any] = {"call_id": call_id, "tool": call.tool, "args": call.args}
+            if call.provider_id is not None:
+                pid = call.provider_id
+                if not isinstance(pid, str) or not 0 < len(pid) <= MAX_PROVIDER_ID or "\0" in pid:
+                    raise InvalidDecision(
+                        f"provider id of call {position} must be 1-{MAX_PROVIDER_ID} characters"
+                    )
+                entry["provider_id"] = pid
+            calls.append(entry)
+        return Recordable(calls=calls, record=record, output=output)
+
+
+MAX_PROVIDER_ID = 200  # runledger._cap('provider_id')
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recordable:
+    """A checked decision, as ``record_turn_v2`` takes it: the calls payload (call ids
+    assigned, ``provider_id`` where the model gave one), the record and the output."""
+
+    calls: list[dict[str, Any]]
+    record: dict[str, Any] | None = None
+    output: Any = None
+
+
+def _check_json(what: str, value: Any) -> None:
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidDecision(f"{what} is not JSON: {exc}") from exc
+    if "\\u0000" in text:
+        raise InvalidDecision(f"{what} contains a NUL character")
 
 
 def _check_json_args(tool: str, args: dict[str, Any]) -> None:
-    try:
-        text = json.dumps(args, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidDecision(f"tool {tool}: arguments are not JSON: {exc}") from exc
-    if "\\u0000" in text:
-        raise InvalidDecision(f"tool {tool}: arguments contain a NUL character")
+    _check_json(f"tool {tool}: arguments", args)
 
 
 async def invoke(

@@ -173,6 +173,18 @@ class Call:
     error: Any
     dispatched_token: int | None
     completed_token: int | None
+    provider_id: str | None = None  # the model's id for the call (never part of the key)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Turn:
+    """One recorded decision: its calls as recorded (``run_turns.calls``), the
+    provider-native message (``record``) and, for the final one, its ``output``."""
+
+    turn: int
+    calls: list[dict[str, Any]]
+    record: dict[str, Any] | None = None
+    output: Any = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

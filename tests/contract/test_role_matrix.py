@@ -338,6 +338,7 @@ WORKER_FUNCTIONS = {
     "renew_leases",
     "checkpoint",
     "record_turn",
+    "record_turn_v2",
     "dispatch_call",
     "complete_call",
     "finish_run",

@@ -164,6 +164,7 @@ CONTRACT_FUNCTIONS = [
     "renew_leases",
     "checkpoint",
     "record_turn",
+    "record_turn_v2",
     "dispatch_call",
     "complete_call",
     "finish_run",

@@ -122,8 +122,25 @@ def call_row(conn: Conn) -> dict[str, Any]:
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
             "SELECT status, attempts, dispatched_token, completed_token, result, receipt, error,"
-            " resolved_by FROM runledger.run_calls WHERE idempotency_key = %s",
+            " resolved_by, provider_id FROM runledger.run_calls WHERE idempotency_key = %s",
             (KEY,),
+        )
+        row = cur.fetchone()
+    assert row is not None
+    return row
+
+
+DECISION_RECORD: dict[str, Any] = {
+    "role": "assistant",
+    "content": [{"type": "text", "text": "¿listo? ✓"}, {"type": "tool_use", "id": "toolu_1"}],
+}
+
+
+def turn_row(conn: Conn) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            "SELECT calls, record, output FROM runledger.run_turns WHERE run_id = %s AND turn = 0",
+            (RUN,),
         )
         row = cur.fetchone()
     assert row is not None
@@ -168,6 +185,7 @@ class Case:
     returns: Any = None
     call: dict[str, Any] = field(default_factory=dict)  # columns of the call row
     run: dict[str, Any] = field(default_factory=dict)  # columns of the run row
+    turn: dict[str, Any] = field(default_factory=dict)  # columns of turn 0
     events: dict[str, int] = field(default_factory=dict)  # the events the write wrote
     runs: int | None = None  # rows left in runledger.runs
     repeatable: bool = False  # sent again without a read-back: a no-op by contract
@@ -278,10 +296,25 @@ CASES = [
     ),
     Case(
         "record_turn",
-        "record_turn",
+        "record_turn_v2",
         leased,
-        lambda s, c: s.record_turn(*lease_of(c), 0, [{"call_id": "c1", "tool": "t", "args": {}}]),
-        call={"status": "planned", "attempts": 0},
+        lambda s, c: s.record_turn(
+            *lease_of(c),
+            0,
+            [{"call_id": "c1", "tool": "t", "args": {}, "provider_id": "toolu_1"}],
+            record=DECISION_RECORD,
+        ),
+        call={"status": "planned", "attempts": 0, "provider_id": "toolu_1"},
+        turn={"record": DECISION_RECORD, "output": None},
+        events={"turn_recorded": 1},
+        repeatable=True,
+    ),
+    Case(
+        "record_turn-final",
+        "record_turn_v2",
+        leased,
+        lambda s, c: s.record_turn(*lease_of(c), 0, [], record=DECISION_RECORD, output=["ok"]),
+        turn={"calls": [], "record": DECISION_RECORD, "output": ["ok"]},
         events={"turn_recorded": 1},
         repeatable=True,
     ),
@@ -403,6 +436,9 @@ async def test_a_write_applies_once_after_a_lost_acknowledgement(
     if case.run:
         row = run_row(admin_conn)
         assert {k: row[k] for k in case.run} == case.run
+    if case.turn:
+        row = turn_row(admin_conn)
+        assert {k: row[k] for k in case.turn} == case.turn
     if case.runs is not None:
         assert admin_conn.execute("SELECT count(*) FROM runledger.runs").fetchone() == (case.runs,)
     after = event_counts(admin_conn)

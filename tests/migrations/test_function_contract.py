@@ -100,6 +100,20 @@ CONTRACT: list[Fn] = [
         "void",
     ),
     Fn(
+        "record_turn_v2",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_turn", "int"),
+            ("p_calls", "jsonb"),
+            ("p_record", "jsonb"),
+            ("p_output", "jsonb"),
+        ],
+        "void",
+        defaults=1,
+    ),
+    Fn(
         "dispatch_call",
         [
             ("p_run_id", "text"),

@@ -6,7 +6,7 @@ from typing import Any
 
 from runledger import errors
 from runledger.db.execution import Executor
-from runledger.db.rows import Journal, call_from_row, run_from_row
+from runledger.db.rows import Journal, call_from_row, run_from_row, turn_from_row
 from runledger.db.validate import check_text
 from runledger.model import RUN_ID_RE, Call, Event, Run
 
@@ -41,11 +41,14 @@ class Reads(Executor):
         return [call_from_row(r) for r in rows]
 
     async def load_journal(self, run_id: str) -> Journal:
-        """The run's recorded turns and calls, and its stalled-claim count, in one round trip."""
+        """The run's recorded turns (with each decision's record and output) and calls (with
+        each call's provider id), and its stalled-claim count, in one round trip."""
         check_text("run id", run_id)
         rows = await self._read(
             """SELECT r.stalled_claims,
-                      (SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls)
+                      (SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls,
+                                                                 'record', t.record,
+                                                                 'output', t.output)
                                                 ORDER BY t.turn), '[]'::json)
                        FROM runledger.run_turns t WHERE t.run_id = r.run_id) AS turns,
                       (SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json)
@@ -59,7 +62,7 @@ class Reads(Executor):
         row = rows[0]
         return Journal(
             stalled_claims=row["stalled_claims"],
-            turns=[(int(t["turn"]), list(t["calls"])) for t in row["turns"]],
+            turns=[turn_from_row(t) for t in row["turns"]],
             calls=[call_from_row(c) for c in row["calls"]],
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runledger.model import Call, CallStatus, IdempotencyKey, Run, RunId, RunStatus
+from runledger.model import Call, CallStatus, IdempotencyKey, Run, RunId, RunStatus, Turn
 
 Row = dict[str, Any]
 
@@ -13,7 +13,7 @@ Row = dict[str, Any]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Journal:
     stalled_claims: int
-    turns: list[tuple[int, list[dict[str, Any]]]]
+    turns: list[Turn]
     calls: list[Call]
 
 
@@ -59,4 +59,14 @@ def call_from_row(r: Row) -> Call:
         error=r["error"],
         dispatched_token=r["dispatched_token"],
         completed_token=r["completed_token"],
+        provider_id=r.get("provider_id"),
+    )
+
+
+def turn_from_row(r: Row) -> Turn:
+    return Turn(
+        turn=int(r["turn"]),
+        calls=list(r["calls"]),
+        record=r.get("record"),
+        output=r.get("output"),
     )

@@ -215,11 +215,19 @@ class Store(ReadBacks):
         fencing_token: int,
         turn: int,
         calls: list[dict[str, Any]],
+        *,
+        record: dict[str, Any] | None = None,
+        output: Any = None,
     ) -> None:
+        """Record a decision (``record_turn_v2``): its calls (each may carry a
+        ``provider_id``), the provider-native message ``record`` (a JSON object or None)
+        and, for a final decision (no calls), its ``output``."""
         payload = self._json("calls", calls, obj=False)
+        record_json = self._json("record", record, obj=True, nullable=True)
+        output_json = self._json("output", output, obj=False, nullable=True)
         await self._read(  # safe to repeat: recording the same decision again is a no-op
-            "SELECT runledger.record_turn(%s, %s, %s, %s, %s::jsonb)",
-            (run_id, lease_id, fencing_token, turn, payload),
+            "SELECT runledger.record_turn_v2(%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb)",
+            (run_id, lease_id, fencing_token, turn, payload, record_json, output_json),
             fields={"run_id": run_id, "fencing_token": fencing_token},
         )
 

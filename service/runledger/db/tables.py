@@ -128,10 +128,14 @@ run_turns: Final = Table(
     Column("calls", JSONB, nullable=False),
     Column("fencing_token", BigInteger, nullable=False),
     Column("created_at", _tstz(), nullable=False),
+    Column("record", JSONB, nullable=True),  # 0005: the provider-native message
+    Column("output", JSONB, nullable=True),  # 0005: the final decision's output
     PrimaryKeyConstraint("run_id", "turn"),
     ForeignKeyConstraint(["run_id"], [runs.c.run_id], ondelete="CASCADE"),
     CheckConstraint("turn >= 0", name="turn"),
     CheckConstraint("jsonb_typeof(calls) = 'array'", name="calls_array"),
+    CheckConstraint("record IS NULL OR jsonb_typeof(record) = 'object'", name="record_object"),
+    CheckConstraint("output IS NULL OR calls = '[]'::jsonb", name="output_final"),
 )
 
 run_calls: Final = Table(
@@ -158,6 +162,7 @@ run_calls: Final = Table(
     Column("resolved_by", Text, nullable=True),
     Column("resolved_at", _tstz(), nullable=True),
     Column("resolution_note", Text, nullable=True),
+    Column("provider_id", Text, nullable=True),  # 0005: the model's id, never in a key
     PrimaryKeyConstraint("run_id", "turn", "call_id"),
     UniqueConstraint("idempotency_key"),
     # Named by hand: the convention would use the first column (run_id).

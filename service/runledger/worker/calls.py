@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any
 
 from runledger import errors
-from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke
+from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke, using_tool_context
 from runledger.model import Call, Outcome
 from runledger.worker import recovery
 from runledger.worker.crash import CrashPoints
@@ -155,7 +155,10 @@ class Calls:
         )
         ctx = self._tool_ctx(active, call, attempt)
         timeout = tool.timeout or self.limits.tool_timeout
-        work = asyncio.ensure_future(invoke(tool.fn, (ctx,), call.args, timeout=timeout))
+        # the task copies the context when it is created: runledger.tool_context() in the
+        # tool (and in its thread, for a plain def) is this call's, whatever happens here
+        with using_tool_context(ctx):
+            work = asyncio.ensure_future(invoke(tool.fn, (ctx,), call.args, timeout=timeout))
         try:
             value = await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -195,7 +198,8 @@ class Calls:
         ctx = self._tool_ctx(active, call, attempt)
         timeout = tool.timeout or self.limits.tool_timeout
         try:
-            found = await invoke(tool.lookup_fn, (ctx,), timeout=timeout)
+            with using_tool_context(ctx):
+                found = await invoke(tool.lookup_fn, (ctx,), timeout=timeout)
         except Exception as exc:
             failed = dataclasses.replace(
                 known,

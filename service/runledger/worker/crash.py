@@ -9,6 +9,10 @@ tool returned, before ``complete_call`` -- or ``after_complete``), optionally on
 ``tool`` and only at its ``n``-th occurrence in this process (default: the first).
 ``load_journal`` kills while loading a run's journal; its second part is the run id
 (``load_journal:my-run``), which then must not contain ``:``.
+``after_decide`` kills when the policy (the model) has answered and nothing of its
+decision is journaled; ``after_record_turn`` right after ``record_turn_v2`` committed.
+Their second part is the turn number (``after_decide:0``: the first decision;
+``after_record_turn:2:1``: the first time turn 2 is recorded in this process).
 """
 
 from __future__ import annotations
@@ -21,7 +25,15 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-POINTS = ("before_dispatch", "after_dispatch", "after_effect", "after_complete", "load_journal")
+POINTS = (
+    "before_dispatch",
+    "after_dispatch",
+    "after_effect",
+    "after_complete",
+    "load_journal",
+    "after_decide",
+    "after_record_turn",
+)
 ENV = "RUNLEDGER_CRASH_AT"
 TESTING_ENV = "RUNLEDGER_TESTING"
 
@@ -62,7 +74,8 @@ class CrashPoints:
         return bool(self.specs)
 
     def hit(self, point: str, tool: str) -> None:
-        """``tool`` is the tool's name, or the run id for ``load_journal``."""
+        """``tool`` is the tool's name, the run id for ``load_journal``, the turn number
+        for ``after_decide`` and ``after_record_turn``."""
         if not self.specs:
             return
         for spec in self.specs:

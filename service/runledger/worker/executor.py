@@ -1,7 +1,10 @@
 """The journaled agent loop for one claimed run: the turns.
 
-1. The policy's decision is recorded (``record_turn``) before any tool runs, and a
-   recorded turn is replayed, never decided again.
+1. The policy's decision (a ``Decision`` or a bare list of calls) is recorded
+   (``record_turn_v2``, with the provider-native ``record`` and, for the final decision,
+   its ``output``) before any tool runs, and a recorded turn is replayed, never decided
+   again. The history the policy sees carries each turn's record and each call's result
+   and provider id; the final decision's output is the run's result.
 2. Each call of the turn is settled by :class:`~runledger.worker.calls.Calls`, one loop
    per call carrying out the crash-window table of :mod:`runledger.worker.recovery`:
    ``dispatch_call`` commits before the tool is invoked, ``complete_call`` commits the
@@ -26,9 +29,10 @@ from runledger.flows import (
     HistoryTurn,
     InvalidDecision,
     PolicyContext,
+    Recordable,
     invoke,
 )
-from runledger.model import Call, CallStatus, FinishStatus, Outcome
+from runledger.model import Call, CallStatus, FinishStatus, Outcome, Turn
 from runledger.worker import poison
 from runledger.worker.calls import Calls, Settled, check_boundary, check_deadline
 from runledger.worker.crash import CrashPoints
@@ -171,10 +175,12 @@ class Executor:
         while True:
             turns, calls = journal.turns, journal.calls
             if turns:
-                last, decided = turns[-1]
-                if not decided:
-                    summary = {"turns": len(turns), "calls": len(calls)}
-                    await self._finish(active, FinishStatus.SUCCEEDED, summary, None)
+                last = turns[-1].turn
+                if not turns[-1].calls:  # the final decision: its output is the result
+                    result = turns[-1].output
+                    if result is None:
+                        result = {"turns": len(turns), "calls": len(calls)}
+                    await self._finish(active, FinishStatus.SUCCEEDED, result, None)
                     return
                 pending = [x for x in calls if x.turn == last and not x.status.terminal]
                 if pending:
@@ -207,7 +213,7 @@ class Executor:
             next_turn = len(turns)
             check_boundary(active)
             try:
-                payload = await self._decide(active, flow, next_turn, turns, calls)
+                decision = await self._decide(active, flow, next_turn, turns, calls)
             except InvalidDecision as exc:
                 await self._finish(active, FinishStatus.FAILED, error_of(exc), "invalid_decision")
                 return
@@ -215,6 +221,9 @@ class Executor:
                 error = error_of(exc.__cause__ or exc)
                 await self._finish(active, FinishStatus.FAILED, error, "policy_error")
                 return
+            # the model answered, nothing of it is journaled yet
+            self.crash.hit("after_decide", str(next_turn))
+            payload = decision.calls
             # max_turns counts turns with calls: the policy may always end the run
             if payload and next_turn >= max_turns:
                 budget = {"max_turns": max_turns}
@@ -230,12 +239,19 @@ class Executor:
                     active,
                     "record_turn",
                     self.store.record_turn(
-                        c.run_id, c.lease_id, c.fencing_token, next_turn, payload
+                        c.run_id,
+                        c.lease_id,
+                        c.fencing_token,
+                        next_turn,
+                        payload,
+                        record=decision.record,
+                        output=decision.output,
                     ),
                 )
             except errors.InvalidInput as exc:  # e.g. args the database cannot store
                 await self._finish(active, FinishStatus.FAILED, error_of(exc), "invalid_decision")
                 return
+            self.crash.hit("after_record_turn", str(next_turn))
             journal = await self._journal(c.run_id)
 
     async def _give_up(self, active: ActiveRun, stalled: int) -> None:
@@ -309,16 +325,16 @@ class Executor:
         active: ActiveRun,
         flow: Flow,
         turn: int,
-        turns: list[tuple[int, list[dict[str, Any]]]],
+        turns: list[Turn],
         calls: list[Call],
-    ) -> list[dict[str, Any]]:
+    ) -> Recordable:
         assert flow.policy_fn is not None
         by_turn: dict[int, list[Call]] = {}
         for x in calls:
             by_turn.setdefault(x.turn, []).append(x)
         history = [
             HistoryTurn(
-                turn=t,
+                turn=t.turn,
                 calls=tuple(
                     HistoryCall(
                         call_id=x.call_id,
@@ -327,11 +343,13 @@ class Executor:
                         status=str(x.status),
                         result=x.result,
                         error=x.error,
+                        provider_id=x.provider_id,
                     )
-                    for x in by_turn.get(t, [])
+                    for x in by_turn.get(t.turn, [])
                 ),
+                record=t.record,
             )
-            for t, _ in turns
+            for t in turns
         ]
         ctx = PolicyContext(
             run_id=active.run_id, flow=flow.ref, input=active.claim.input, turn=turn

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runledger.db.decode import Undecodable, is_undecodable
-from runledger.model import Call
+from runledger.model import Call, Turn
 
 __all__ = ["Found", "UndecodableRun", "in_calls", "in_turns", "in_value"]
 
@@ -84,9 +84,14 @@ def in_value(value: Any, root: str) -> list[Found]:
     return list(_walk(value, root))
 
 
-def in_turns(turns: Iterable[tuple[int, Any]]) -> list[Found]:
-    """The undecodable values in recorded turns (their ``calls`` arrays)."""
-    return [f for turn, calls in turns for f in _walk(calls, f"turn {turn} calls")]
+def in_turns(turns: Iterable[Turn]) -> list[Found]:
+    """The undecodable values in recorded turns (their ``calls``, ``record`` and ``output``)."""
+    return [
+        f
+        for t in turns
+        for name, value in (("calls", t.calls), ("record", t.record), ("output", t.output))
+        for f in _walk(value, f"turn {t.turn} {name}")
+    ]
 
 
 def in_calls(calls: Iterable[Call]) -> list[Found]:

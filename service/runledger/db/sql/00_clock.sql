@@ -18,7 +18,8 @@
 --   03_leases.sql    submit_run, claim_runs, renew_leases, release_lease (3 and 5
 --                    arguments); worker registry: register_worker, heartbeat_worker,
 --                    report_stale_write
---   04_journal.sql   checkpoint, record_turn, dispatch_call, complete_call, finish_run
+--   04_journal.sql   checkpoint, record_turn, record_turn_v2, dispatch_call, complete_call,
+--                    finish_run
 --   05_operator.sql  resolve_call, cancel_run, retry_run, prune_runs (retention)
 --   06_wall.sql      the second wall: guard trigger functions and their triggers, and
 --                    the pruning authorization (_prune_authorized) that prune_runs grants itself

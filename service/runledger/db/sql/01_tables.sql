@@ -49,11 +49,17 @@ CREATE TABLE runledger.run_turns (
     calls jsonb NOT NULL,
     fencing_token bigint NOT NULL,
     created_at timestamptz NOT NULL,
+    -- revision 0005 (record_turn_v2): the provider-native assistant message, verbatim, and
+    -- the final decision's output (the run's result); NULL for turns of record_turn
+    record jsonb,
+    output jsonb,
     CONSTRAINT pk_run_turns PRIMARY KEY (run_id, turn),
     CONSTRAINT fk_run_turns_run_id_runs FOREIGN KEY (run_id)
         REFERENCES runledger.runs (run_id) ON DELETE CASCADE,
     CONSTRAINT ck_run_turns_turn CHECK (turn >= 0),
-    CONSTRAINT ck_run_turns_calls_array CHECK (jsonb_typeof(calls) = 'array')
+    CONSTRAINT ck_run_turns_calls_array CHECK (jsonb_typeof(calls) = 'array'),
+    CONSTRAINT ck_run_turns_record_object CHECK (record IS NULL OR jsonb_typeof(record) = 'object'),
+    CONSTRAINT ck_run_turns_output_final CHECK (output IS NULL OR calls = '[]'::jsonb)
 );
 
 CREATE TABLE runledger.run_calls (
@@ -78,6 +84,9 @@ CREATE TABLE runledger.run_calls (
     resolved_by text,
     resolved_at timestamptz,
     resolution_note text,
+    -- revision 0005: the model's own id for the call (record_turn_v2), to map its result
+    -- back into the provider's messages; never part of the idempotency key
+    provider_id text,
     CONSTRAINT pk_run_calls PRIMARY KEY (run_id, turn, call_id),
     CONSTRAINT uq_run_calls_idempotency_key UNIQUE (idempotency_key),
     CONSTRAINT fk_run_calls_turn_run_turns FOREIGN KEY (run_id, turn)

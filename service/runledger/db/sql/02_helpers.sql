@@ -49,6 +49,7 @@ AS $$
         WHEN 'idempotency_key' THEN 300
         WHEN 'flows' THEN 1000
         WHEN 'run_ids' THEN 10000
+        WHEN 'provider_id' THEN 200
     END
 $$;
 

@@ -117,9 +117,10 @@ BEGIN
     END IF;
     IF NEW.idempotency_key <> OLD.idempotency_key OR NEW.run_id <> OLD.run_id
        OR NEW.turn <> OLD.turn OR NEW.call_id <> OLD.call_id OR NEW.tool <> OLD.tool
-       OR NEW.args <> OLD.args THEN
+       OR NEW.args <> OLD.args OR NEW.provider_id IS DISTINCT FROM OLD.provider_id THEN
         PERFORM runledger._raise('RL007',
-            format('call %s: key, tool and args are immutable', OLD.idempotency_key), NULL, NULL);
+            format('call %s: key, tool, args and provider id are immutable', OLD.idempotency_key),
+            NULL, NULL);
     END IF;
     IF OLD.status = 'succeeded' AND (NEW.status <> OLD.status
         OR NEW.result IS DISTINCT FROM OLD.result OR NEW.receipt IS DISTINCT FROM OLD.receipt) THEN

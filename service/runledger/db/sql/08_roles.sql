@@ -42,6 +42,7 @@ BEGIN
             runledger.renew_leases(text, text[], uuid[], interval),
             runledger.checkpoint(text, uuid, bigint, bigint, jsonb),
             runledger.record_turn(text, uuid, bigint, int, jsonb),
+            runledger.record_turn_v2(text, uuid, bigint, int, jsonb, jsonb, jsonb),
             runledger.dispatch_call(text, uuid, bigint, text),
             runledger.complete_call(text, uuid, bigint, text, text, jsonb, jsonb),
             runledger.finish_run(text, uuid, bigint, text, jsonb, text),
