@@ -175,7 +175,7 @@ async def drive(
         decision = await invoke(flow.policy_fn, (ctx, tuple(history)), timeout=10)
         assert isinstance(decision, Decision)
         decisions.append(decision)
-        payload = flow.normalize(list(decision.calls))
+        payload = flow.normalize(decision).calls  # the ids the executor records
         if not payload:
             return Driven(decisions, history, decision.output)
         calls = []
@@ -399,6 +399,23 @@ async def test_exhausting_a_tools_retries_fails_like_agent_run() -> None:
     assert len(journaled.seen) == 2  # refused before a third request
 
 
+async def test_a_success_resets_a_tools_retry_count_like_agent_run() -> None:
+    def responses() -> list[ModelResponse]:
+        return [
+            ModelResponse(parts=[ToolCallPart("send_email", {"to": "a"}, tool_call_id="t1")]),
+            ModelResponse(parts=[ToolCallPart("send_email", {"to": "a@b"}, tool_call_id="t2")]),
+            ModelResponse(parts=[ToolCallPart("send_email", {"to": "c"}, tool_call_id="t3")]),
+            ModelResponse(parts=[TextPart("ok")]),
+        ]
+
+    plain = Script(responses())
+    assert (await build_agent(FunctionModel(plain)).run("x", deps=Deps("T"))).output == "ok"
+    journaled = Script(responses())
+    flow = make_flow(build_agent(FunctionModel(journaled)), Deps("T"))
+    assert (await drive(flow, {"prompt": "x"})).output == "ok"
+    assert comparable(journaled.seen[-1]) == comparable(plain.seen[-1])
+
+
 async def test_a_call_failed_by_runledger_is_shown_as_a_failed_return() -> None:
     script = Script(
         [
@@ -473,3 +490,15 @@ def test_runledger_imports_without_pydantic_ai() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("refused blocked pydantic_ai")
+
+
+async def test_agent_override_of_the_model_is_used() -> None:
+    def unreachable(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise AssertionError("the overridden model was asked")
+
+    agent = build_agent(FunctionModel(unreachable))
+    flow = make_flow(agent, Deps("T"))
+    with agent.override(model=TestModel(call_tools=["lookup_order"])):
+        driven = await drive(flow, {"prompt": "go"})
+    assert [c.tool for c in driven.decisions[0].calls] == ["lookup_order"]
+    assert driven.output == '{"lookup_order":{"order_id":"a","total":30}}'
