@@ -28,7 +28,6 @@ builder, the model resolution); the extra pins the minor version it was written 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -39,12 +38,10 @@ from pydantic_ai._output import build_retried_tool_return
 from pydantic_ai.exceptions import ModelRetry, ToolFailed, UnexpectedModelBehavior
 from pydantic_ai.messages import (
     ModelMessage,
-    ModelMessagesTypeAdapter,
     ModelRequest,
     ModelResponse,
     RetryInfo,
     TextPart,
-    ToolReturn,
     ToolReturnPart,
 )
 from pydantic_ai.models import Model, ModelRequestParameters, infer_model
@@ -57,14 +54,20 @@ from pydantic_ai.usage import RunUsage
 from runledger.flows import (
     Decision,
     Flow,
-    HistoryCall,
     HistoryTurn,
     LookupFn,
-    NotApplied,
     PolicyContext,
     ToolCall,
     ToolContext,
     using_tool_context,
+)
+from runledger.integrations.pydantic_ai.records import (
+    failure,
+    model_visible,
+    not_applied,
+    record_to_response,
+    response_to_record,
+    tool_result,
 )
 from runledger.model import Safety
 
@@ -73,30 +76,12 @@ __all__ = ["UnsupportedResponse", "agent_flow", "record_to_response", "response_
 PromptFn = Callable[[PolicyContext], Any]
 DepsFn = Callable[[PolicyContext | ToolContext], Any]
 
-_MARK = "pydantic_ai"  # key of the JSON a NotApplied reason carries for a Pydantic AI failure
-
 
 class UnsupportedResponse(Exception):
     """The model's response needs a step a journaled turn cannot hold (Pydantic AI would
     answer it with a retry prompt and ask again: an output that failed validation, or a
     call of a tool the agent does not have, alone). The policy raises; runledger retries
     the policy and fails the run as ``policy_error`` if it keeps happening."""
-
-
-def response_to_record(response: ModelResponse) -> dict[str, Any]:
-    """The ``ModelResponse`` as JSON (``Decision.record``), by ``ModelMessagesTypeAdapter``."""
-    dumped = ModelMessagesTypeAdapter.dump_python([response], mode="json")
-    return cast(dict[str, Any], dumped[0])
-
-
-def record_to_response(record: Mapping[str, Any] | None) -> ModelResponse:
-    """The ``ModelResponse`` a turn's ``record`` holds."""
-    if record is None:
-        raise ValueError("the turn has no record: it was not decided by agent_flow")
-    [message] = ModelMessagesTypeAdapter.validate_python([dict(record)])
-    if not isinstance(message, ModelResponse):
-        raise ValueError(f"the turn's record is a {message.kind}, not a model response")
-    return message
 
 
 def agent_flow(
@@ -223,7 +208,7 @@ class _Adapter:
                 validated = dict(schema.validator.validate_python(args))
             except ValidationError as exc:
                 part = build_retried_tool_return(exc, tool_name=tool.name)
-                raise _not_applied("retried", part.content, "validation_error") from exc
+                raise not_applied("retried", part.content, "validation_error") from exc
             positional: list[Any] = [self.run_context(ctx, tool)] if schema.takes_ctx else []
             positional += [validated.pop(f) for f in schema.positional_fields]
             if schema.var_positional_field:
@@ -236,9 +221,9 @@ class _Adapter:
                 with using_tool_context(ctx):
                     positional, kwargs = bind(ctx, args)
                     try:
-                        return _result(await schema.function(*positional, **kwargs))
+                        return tool_result(await schema.function(*positional, **kwargs))
                     except (ModelRetry, ToolFailed) as exc:
-                        raise _model_visible(exc) from exc
+                        raise model_visible(exc) from exc
 
             call_async.__name__ = tool.name
             call_async.__doc__ = tool.description
@@ -248,9 +233,9 @@ class _Adapter:
             with using_tool_context(ctx):
                 positional, kwargs = bind(ctx, args)
                 try:
-                    return _result(schema.function(*positional, **kwargs))
+                    return tool_result(schema.function(*positional, **kwargs))
                 except (ModelRetry, ToolFailed) as exc:
-                    raise _model_visible(exc) from exc
+                    raise model_visible(exc) from exc
 
         call.__name__ = tool.name
         call.__doc__ = tool.description
@@ -357,7 +342,7 @@ class _Adapter:
                 )
                 out.append(ToolReturnPart.narrow_type(returned))
                 continue
-            kind, cause, content = _failure(call)
+            kind, cause, content = failure(call)
             retry: RetryInfo[Any] | None = None
             if kind == "retried":
                 limit = self.max_retries(call.tool)
@@ -398,36 +383,3 @@ class _CaptureRequest(WrapperModel):
         assert isinstance(last, ModelRequest)
         self.sent = last
         return ModelResponse(parts=[TextPart("")], model_name=self.model_name)
-
-
-def _result(value: Any) -> Any:
-    """A tool's return value as JSON (a ``ToolReturn``'s ``return_value``)."""
-    if isinstance(value, ToolReturn):
-        value = value.return_value
-    return pydantic_core.to_jsonable_python(value, fallback=str)
-
-
-def _not_applied(kind: str, content: Any, cause: str | None = None) -> NotApplied:
-    return NotApplied(json.dumps({_MARK: kind, "cause": cause, "content": content}, default=str))
-
-
-def _model_visible(exc: ModelRetry | ToolFailed) -> NotApplied:
-    if isinstance(exc, ModelRetry):
-        return _not_applied("retried", exc.message, "model_retry")
-    return _not_applied("failed", exc.message)
-
-
-def _failure(call: HistoryCall) -> tuple[str, Any, Any]:
-    """``(kind, cause, content)`` of a failed call: what the tool raised, or runledger's
-    own reason (``failed``: the call did not take effect and will not be repeated)."""
-    error = call.error if isinstance(call.error, dict) else {}
-    reason = error.get("reason")
-    if isinstance(reason, str):
-        try:
-            raised = json.loads(reason)
-        except ValueError:
-            raised = None
-        if isinstance(raised, dict) and raised.get(_MARK) in ("retried", "failed"):
-            return raised[_MARK], raised.get("cause"), raised.get("content")
-    detail = json.dumps(call.error, sort_keys=True, default=str)
-    return "failed", None, f"The tool call failed and did not take effect: {detail}"
