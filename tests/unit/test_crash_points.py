@@ -72,3 +72,13 @@ def test_from_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not CrashPoints.from_env().armed
     monkeypatch.setenv("RUNLEDGER_TESTING", "1")
     assert CrashPoints.from_env().armed
+
+
+def test_decision_points_are_qualified_by_the_turn(kills: list[tuple[int, int]]) -> None:
+    points = CrashPoints("after_decide:1,after_record_turn:0:2")
+    points.hit("after_decide", "0")  # another turn
+    points.hit("after_record_turn", "0")  # the first recording of turn 0, not the second
+    assert kills == []
+    points.hit("after_decide", "1")
+    points.hit("after_record_turn", "0")
+    assert kills == [(crash.os.getpid(), signal.SIGKILL)] * 2
