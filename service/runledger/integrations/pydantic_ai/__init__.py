@@ -1,0 +1,385 @@
+"""A Pydantic AI ``Agent`` as a runledger :class:`~runledger.Flow`: :func:`agent_flow`.
+
+- **One model request is one journaled turn.** The policy rebuilds the agent's message
+  list from the journal (the prompt, each turn's recorded ``ModelResponse``, each call's
+  result), makes exactly one request through ``Agent.iter`` (so the agent's model, tool
+  definitions, system prompts, instructions and model settings are those ``agent.run``
+  would use), and stops before Pydantic AI would run a tool. The response, serialised by
+  ``ModelMessagesTypeAdapter``, is the turn's ``Decision.record``; a recorded turn is never
+  asked again.
+- **Each agent tool is a runledger tool** with the safety class it is given; a tool
+  without one is refused when the flow is built. Tool code reads the idempotency key and
+  fencing token from :func:`runledger.tool_context` and still gets a ``RunContext`` (with
+  the flow's deps) if it takes one.
+- **Failures look as they do under ``agent.run``.** A tool raising ``ModelRetry``, or
+  called with arguments that fail validation, is a failed call that the model sees as the
+  retried ``ToolReturnPart`` Pydantic AI builds (the tool's retry budget is counted over
+  the journal, and exhausting it fails the run as ``agent.run`` raises); ``ToolFailed``
+  becomes the failed ``ToolReturnPart``. A call that failed in runledger's own terms (an
+  operator's ``abandoned``, a lookup that found nothing on the last attempt) is shown as a
+  failed ``ToolReturnPart`` that names the reason. Raising ``ModelRetry`` or ``ToolFailed``
+  declares that the effect did not happen (it is runledger's ``NotApplied``); any other
+  exception is ambiguous and is recovered by the tool's safety class.
+
+Pydantic AI is imported only here (extra ``runledger[pydantic-ai]``). This module reads a
+few private names of ``pydantic_ai`` (the agent's tool-retry default, the retried-return
+builder, the model resolution); the extra pins the minor version it was written against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+import pydantic_core
+from pydantic import ValidationError
+from pydantic_ai import Agent, RunContext
+from pydantic_ai._output import build_retried_tool_return
+from pydantic_ai.exceptions import ModelRetry, ToolFailed, UnexpectedModelBehavior
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryInfo,
+    TextPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models import Model, ModelRequestParameters, infer_model
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import Tool as AgentTool
+from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.usage import RunUsage
+
+from runledger.flows import (
+    Decision,
+    Flow,
+    HistoryTurn,
+    LookupFn,
+    PolicyContext,
+    ToolCall,
+    ToolContext,
+    using_tool_context,
+)
+from runledger.integrations.pydantic_ai.records import (
+    failure,
+    model_visible,
+    not_applied,
+    record_to_response,
+    response_to_record,
+    tool_result,
+)
+from runledger.model import Safety
+
+__all__ = ["UnsupportedResponse", "agent_flow", "record_to_response", "response_to_record"]
+
+PromptFn = Callable[[PolicyContext], Any]
+DepsFn = Callable[[PolicyContext | ToolContext], Any]
+
+
+class UnsupportedResponse(Exception):
+    """The model's response needs a step a journaled turn cannot hold (Pydantic AI would
+    answer it with a retry prompt and ask again: an output that failed validation, or a
+    call of a tool the agent does not have, alone). The policy raises; runledger retries
+    the policy and fails the run as ``policy_error`` if it keeps happening."""
+
+
+def agent_flow(
+    agent: Agent[Any, Any],
+    *,
+    name: str,
+    version: str = "1",
+    safety: Mapping[str, Safety | str],
+    prompt: PromptFn | None = None,
+    deps: DepsFn | None = None,
+    lookups: Mapping[str, LookupFn] | None = None,
+    max_attempts: int = 3,
+    max_turns: int | None = None,
+    max_calls: int | None = None,
+) -> Flow:
+    """A :class:`~runledger.Flow` that runs ``agent`` one journaled model request per turn.
+
+    - ``safety``: the safety class of every tool of the agent (a tool without one, or a
+      class for a tool the agent lacks, is a ``ValueError``);
+    - ``prompt(ctx)``: the user prompt from the :class:`~runledger.flows.PolicyContext`
+      (default ``ctx.input["prompt"]``);
+    - ``deps(ctx)``: the agent's deps, built from the ``PolicyContext`` for model requests
+      and from the :class:`~runledger.ToolContext` for tool calls (both carry ``run_id``
+      and ``flow``);
+    - ``lookups``: ``{tool: fn(ctx) -> receipt | None}`` for the ``lookup`` tools;
+    - ``max_attempts``: per tool, as ``@flow.tool``; ``max_turns``/``max_calls``: as ``Flow``.
+    """
+    tools = _agent_tools(agent)
+    missing = sorted(set(tools) - set(safety))
+    if missing:
+        raise ValueError(
+            f"agent tools without a safety class: {', '.join(missing)} "
+            f"(pass safety={{{missing[0]!r}: 'idempotent' | 'lookup' | 'read_only' | 'unsafe'}})"
+        )
+    unknown = sorted(set(safety) - set(tools))
+    if unknown:
+        raise ValueError(f"safety names tools the agent does not have: {', '.join(unknown)}")
+    for tool, _ in tools.values():
+        if tool.requires_approval:
+            raise ValueError(
+                f"tool {tool.name} requires approval: deferred tools are not supported"
+            )
+    adapter = _Adapter(agent, tools, prompt or _default_prompt, deps)
+    flow = Flow(name, version, max_turns=max_turns, max_calls=max_calls)
+    for tool_name, (tool, _) in tools.items():
+        flow.tool(
+            safety=safety[tool_name],
+            name=tool_name,
+            timeout=tool.timeout,
+            max_attempts=max_attempts,
+        )(adapter.tool_fn(tool))
+    for tool_name, fn in (lookups or {}).items():
+        if tool_name not in flow.tools:
+            raise ValueError(f"lookups names a tool the agent does not have: {tool_name}")
+        flow.tools[tool_name].lookup(fn)  # TypeError unless the tool is 'lookup'
+    flow.policy(adapter.decide)
+    flow.validate()  # a 'lookup' tool without a lookup
+    return flow
+
+
+def _default_prompt(ctx: PolicyContext) -> Any:
+    try:
+        return ctx.input["prompt"]
+    except KeyError:
+        raise ValueError("the run input has no 'prompt': pass agent_flow(prompt=...)") from None
+
+
+def _agent_tools(agent: Agent[Any, Any]) -> dict[str, tuple[AgentTool[Any], int | None]]:
+    """Every function tool of the agent, with its toolset's retry default."""
+    tools: dict[str, tuple[AgentTool[Any], int | None]] = {}
+    for toolset in agent.toolsets:
+        if not isinstance(toolset, FunctionToolset):
+            raise ValueError(
+                f"toolset {toolset.label} is not a function toolset: only function tools can "
+                "be journaled"
+            )
+        for tool_name, tool in toolset.tools.items():
+            tools[tool_name] = (tool, toolset.max_retries)
+    return tools
+
+
+class _Adapter:
+    """The policy and the tool functions of one ``agent_flow``."""
+
+    def __init__(
+        self,
+        agent: Agent[Any, Any],
+        tools: dict[str, tuple[AgentTool[Any], int | None]],
+        prompt: PromptFn,
+        deps: DepsFn | None,
+    ) -> None:
+        self.agent = agent
+        self.tools = tools
+        self.prompt = prompt
+        self.deps = deps
+
+    # -- tools --------------------------------------------------------------------------
+
+    def max_retries(self, tool_name: str) -> int:
+        tool, toolset_default = self.tools[tool_name]
+        if tool.max_retries is not None:
+            return tool.max_retries
+        if toolset_default is not None:
+            return toolset_default
+        return int(self.agent._max_tool_retries)
+
+    def model(self) -> Model:
+        """The model ``agent.run`` would use now (an ``agent.override`` included)."""
+        resolve = getattr(self.agent, "_get_model_outside_run", None)
+        if resolve is not None:
+            return cast(Model, resolve())
+        model = self.agent.model
+        if model is None:
+            raise ValueError("the agent has no model")
+        return model if isinstance(model, Model) else infer_model(model)
+
+    def tool_fn(self, tool: AgentTool[Any]) -> Callable[..., Any]:
+        """A runledger tool function (``ctx`` first) that runs the agent's tool function:
+        ``def`` for a ``def`` (runledger waits for the thread), ``async def`` otherwise."""
+        schema = tool.function_schema
+
+        def bind(ctx: ToolContext, args: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+            try:
+                validated = dict(schema.validator.validate_python(args))
+            except ValidationError as exc:
+                part = build_retried_tool_return(exc, tool_name=tool.name)
+                raise not_applied("retried", part.content, "validation_error") from exc
+            positional: list[Any] = [self.run_context(ctx, tool)] if schema.takes_ctx else []
+            positional += [validated.pop(f) for f in schema.positional_fields]
+            if schema.var_positional_field:
+                positional += validated.pop(schema.var_positional_field)
+            return positional, validated
+
+        if schema.is_async:
+
+            async def call_async(ctx: ToolContext, /, **args: Any) -> Any:
+                with using_tool_context(ctx):
+                    positional, kwargs = bind(ctx, args)
+                    try:
+                        return tool_result(await schema.function(*positional, **kwargs))
+                    except (ModelRetry, ToolFailed) as exc:
+                        raise model_visible(exc) from exc
+
+            call_async.__name__ = tool.name
+            call_async.__doc__ = tool.description
+            return call_async
+
+        def call(ctx: ToolContext, /, **args: Any) -> Any:
+            with using_tool_context(ctx):
+                positional, kwargs = bind(ctx, args)
+                try:
+                    return tool_result(schema.function(*positional, **kwargs))
+                except (ModelRetry, ToolFailed) as exc:
+                    raise model_visible(exc) from exc
+
+        call.__name__ = tool.name
+        call.__doc__ = tool.description
+        return call
+
+    def run_context(self, ctx: ToolContext, tool: AgentTool[Any]) -> RunContext[Any]:
+        """The ``RunContext`` a Pydantic AI tool gets. ``retry`` is 0 and ``tool_call_id``
+        is None: the journal, not the run context, counts attempts (``ctx.attempt``)."""
+        return RunContext(
+            deps=self.deps(ctx) if self.deps else None,
+            model=self.model(),
+            usage=RunUsage(),
+            agent=self.agent,
+            tool_name=tool.name,
+            max_retries=self.max_retries(tool.name),
+            run_id=ctx.run_id,
+        )
+
+    # -- the policy ---------------------------------------------------------------------
+
+    async def decide(self, ctx: PolicyContext, history: Sequence[HistoryTurn]) -> Decision:
+        """One model request on the journal's messages, as a :class:`~runledger.Decision`."""
+        prompt = self.prompt(ctx)
+        deps = self.deps(ctx) if self.deps else None
+        if not history:
+            return await self.request(prompt, None, deps)
+        first = await self.first_request(prompt, deps)
+        messages: list[ModelMessage] = [first]
+        retries: dict[str, int] = {}
+        for turn in history:
+            response = record_to_response(turn.record)
+            parts, retries = self.returns(turn, response, retries)
+            messages += [response, ModelRequest(parts=parts, instructions=first.instructions)]
+        return await self.request(None, messages, deps)
+
+    async def first_request(self, prompt: Any, deps: Any) -> ModelRequest:
+        """The run's first request (system prompts, prompt, instructions) as ``agent.run``
+        builds it, captured without asking the model."""
+        capture = _CaptureRequest(self.model())
+        with self.agent.override(model=capture):
+            async with self.agent.iter(prompt, deps=deps) as run:
+                async for _ in run:
+                    if capture.sent is not None:
+                        break
+        if capture.sent is None:
+            raise RuntimeError("the agent run ended before its first model request")
+        return capture.sent
+
+    async def request(
+        self, prompt: Any, messages: list[ModelMessage] | None, deps: Any
+    ) -> Decision:
+        """Drive ``agent.iter`` through one model request; stop before any tool runs."""
+        response: ModelResponse | None = None
+        async with self.agent.iter(prompt, message_history=messages, deps=deps) as run:
+            node: Any = run.next_node
+            while True:
+                if Agent.is_model_request_node(node) and response is not None:
+                    raise UnsupportedResponse(
+                        "the model's response was not accepted as the final output and Pydantic "
+                        "AI would ask again in the same turn (output validation or an unknown "
+                        f"tool): {response.parts!r:.500}"
+                    )
+                if Agent.is_call_tools_node(node):
+                    response = node.model_response
+                    calls = self.calls(response)
+                    if calls:
+                        return Decision(calls=calls, record=response_to_record(response))
+                if Agent.is_end_node(node):
+                    assert response is not None
+                    output = pydantic_core.to_jsonable_python(node.data.output, fallback=str)
+                    return Decision(record=response_to_record(response), output=output)
+                node = await run.next(node)
+
+    def calls(self, response: ModelResponse) -> list[ToolCall]:
+        """The turn's calls: every tool call of a response that calls a function tool (a
+        call the flow has no tool for then fails the run as ``invalid_decision``); none
+        when it calls no function tool (the output, decided by Pydantic AI)."""
+        parts = response.tool_calls
+        if not any(p.tool_name in self.tools for p in parts):
+            return []
+        return [ToolCall(p.tool_name, p.args_as_dict(), provider_id=p.tool_call_id) for p in parts]
+
+    def returns(
+        self, turn: HistoryTurn, response: ModelResponse, retries: dict[str, int]
+    ) -> tuple[list[ToolReturnPart], dict[str, int]]:
+        """The tool results of one turn as ``agent.run`` would send them, and the tools'
+        retry counts after the turn (Pydantic AI's rule: a success resets a tool's count,
+        each failing step adds one)."""
+        parts = response.tool_calls
+        if [p.tool_name for p in parts] != [c.tool for c in turn.calls]:
+            raise ValueError(f"turn {turn.turn}: the journal's calls do not match its record")
+        out: list[ToolReturnPart] = []
+        failed: set[str] = set()
+        succeeded: set[str] = set()
+        for part, call in zip(parts, turn.calls, strict=True):
+            tool_call_id = call.provider_id or part.tool_call_id
+            if call.status == "succeeded":
+                succeeded.add(call.tool)
+                returned = ToolReturnPart(
+                    tool_name=call.tool,
+                    content=call.result,
+                    tool_call_id=tool_call_id,
+                    tool_kind=part.tool_kind,
+                )
+                out.append(ToolReturnPart.narrow_type(returned))
+                continue
+            kind, cause, content = failure(call)
+            retry: RetryInfo[Any] | None = None
+            if kind == "retried":
+                limit = self.max_retries(call.tool)
+                used = retries.get(call.tool, 0)
+                if used >= limit:
+                    raise UnexpectedModelBehavior(
+                        f"Tool {call.tool!r} exceeded max retries count of {limit}"
+                    )
+                failed.add(call.tool)
+                retry = RetryInfo(cause=cause or "model_retry", attempt=used + 1, max_retries=limit)
+            out.append(
+                ToolReturnPart(
+                    tool_name=call.tool,
+                    content=content,
+                    tool_call_id=tool_call_id,
+                    tool_kind=part.tool_kind,
+                    outcome="retried" if kind == "retried" else "failed",
+                    retry=retry,
+                )
+            )
+        after = {k: v for k, v in retries.items() if k not in succeeded}
+        after.update({name: retries.get(name, 0) + 1 for name in failed})
+        return out, after
+
+
+class _CaptureRequest(WrapperModel):
+    """Keeps the last message of the first request and answers it with an empty text."""
+
+    sent: ModelRequest | None = None
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        last = messages[-1]
+        assert isinstance(last, ModelRequest)
+        self.sent = last
+        return ModelResponse(parts=[TextPart("")], model_name=self.model_name)
