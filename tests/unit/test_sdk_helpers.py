@@ -314,7 +314,7 @@ def executed(flow: Flow, decision: Decision, turn: int, outcomes: Sequence[Any])
     """The turn as the executor hands it back: call ids assigned by runledger
     (``flow.normalize``), each call's provider id and outcome, the stored record.
     ``outcomes``: ``("succeeded", result)`` or ``("failed", error)`` per call."""
-    payload = flow.normalize(decision.calls)
+    payload = flow.normalize(decision.calls).calls
     assert len(payload) == len(outcomes)
     calls = tuple(
         HistoryCall(
@@ -489,7 +489,7 @@ def test_provider_ids_never_become_call_ids_or_keys() -> None:
     keys = []
     for run_id, turn in (("run-a", 0), ("run-b", 0), ("run-a", 1)):
         decision = rl_anthropic.decision_from_message(copy.deepcopy(CLAUDE_TOOL_USE))
-        payload = flow.normalize(decision.calls)
+        payload = flow.normalize(decision.calls).calls
         assert [row["call_id"] for row in payload] == ["c0", "c1"]
         keys += [idempotency_key(run_id, turn, row["call_id"]) for row in payload]
     assert len(set(keys)) == len(keys) == 6
