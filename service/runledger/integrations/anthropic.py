@@ -36,6 +36,12 @@ from runledger.flows import (
     PolicyContext,
     ToolCall,
 )
+from runledger.integrations._history import (
+    Prompt,
+    UnusableHistory,
+)
+from runledger.integrations._history import initial_messages as _initial
+from runledger.integrations._history import pair_calls as _pair
 
 __all__ = [
     "UnusableHistory",
@@ -46,17 +52,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Prompt = str | Sequence[Mapping[str, Any]]
-"""The conversation before the first turn: a user prompt, or the messages themselves."""
 
 SyncPolicy = Callable[[PolicyContext, Sequence[HistoryTurn]], Decision]
 AsyncPolicy = Callable[[PolicyContext, Sequence[HistoryTurn]], Awaitable[Decision]]
-
-
-class UnusableHistory(ValueError):
-    """The history cannot be turned back into Anthropic messages: a turn without a
-    record (decided by a bare ``list[ToolCall]``), a record that is not an Anthropic
-    message, or a ``tool_use`` block without its call (or a call without its block)."""
 
 
 # -- a response into a decision --------------------------------------------------------
@@ -181,44 +179,6 @@ def messages_from_history(
         if results:
             messages.append({"role": "user", "content": results})
     return messages
-
-
-def _initial(prompt_or_messages: Prompt) -> list[dict[str, Any]]:
-    if isinstance(prompt_or_messages, str):
-        return [{"role": "user", "content": prompt_or_messages}]
-    if isinstance(prompt_or_messages, Sequence):
-        out: list[dict[str, Any]] = []
-        for position, message in enumerate(prompt_or_messages):
-            if not isinstance(message, Mapping):
-                raise TypeError(f"message {position} is {type(message).__name__}, not a dict")
-            out.append(copy.deepcopy(dict(message)))
-        return out
-    raise TypeError(
-        f"expected a prompt (str) or a list of messages, got {type(prompt_or_messages).__name__}"
-    )
-
-
-def _pair(turn: HistoryTurn, ids: Sequence[object]) -> list[tuple[str, HistoryCall]]:
-    """Each of the record's tool-call ids with the call that carries it as provider_id."""
-    pending: dict[str, list[HistoryCall]] = {}
-    for call in turn.calls:
-        if call.provider_id is not None:
-            pending.setdefault(call.provider_id, []).append(call)
-    pairs: list[tuple[str, HistoryCall]] = []
-    for pid in ids:
-        queue = pending.get(pid) if isinstance(pid, str) else None
-        if not isinstance(pid, str) or not queue:
-            raise UnusableHistory(
-                f"turn {turn.turn}: the model's tool call {pid!r} has no call in the history "
-                "with that provider_id"
-            )
-        pairs.append((pid, queue.pop(0)))
-    left = sorted(call.call_id for queue in pending.values() for call in queue)
-    if left:
-        raise UnusableHistory(
-            f"turn {turn.turn}: calls {left} carry provider ids the turn's record does not have"
-        )
-    return pairs
 
 
 def _tool_result(tool_use_id: str, call: HistoryCall) -> dict[str, Any]:

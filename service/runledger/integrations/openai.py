@@ -50,6 +50,12 @@ from runledger.flows import (
     PolicyContext,
     ToolCall,
 )
+from runledger.integrations._history import (
+    Prompt,
+    UnusableHistory,
+)
+from runledger.integrations._history import initial_messages as _initial
+from runledger.integrations._history import pair_calls as _pair
 
 __all__ = [
     "InvalidToolArguments",
@@ -65,8 +71,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Prompt = str | Sequence[Mapping[str, Any]]
-"""The conversation before the first turn: a user prompt, or the messages (input items)."""
 
 SyncPolicy = Callable[[PolicyContext, Sequence[HistoryTurn]], Decision]
 AsyncPolicy = Callable[[PolicyContext, Sequence[HistoryTurn]], Awaitable[Decision]]
@@ -113,12 +117,6 @@ class InvalidToolArguments(InvalidDecision):
 class UnsupportedToolCall(InvalidDecision):
     """The model asked for a kind of call these helpers do not run (custom tools, the
     legacy ``function_call``, computer use, local shell, apply_patch, MCP approvals)."""
-
-
-class UnusableHistory(ValueError):
-    """The history cannot be turned back into OpenAI messages or input items: a turn
-    without a record (decided by a bare ``list[ToolCall]``), a record of another API, or
-    a tool call of the record without its call (or a call without its tool call)."""
 
 
 # -- Chat Completions ------------------------------------------------------------------
@@ -373,44 +371,6 @@ def _record(turn: HistoryTurn) -> dict[str, Any]:
             "policy returning a bare list of ToolCall, or a worker too old to store the record)"
         )
     return turn.record
-
-
-def _initial(prompt_or_messages: Prompt) -> list[dict[str, Any]]:
-    if isinstance(prompt_or_messages, str):
-        return [{"role": "user", "content": prompt_or_messages}]
-    if isinstance(prompt_or_messages, Sequence):
-        out: list[dict[str, Any]] = []
-        for position, message in enumerate(prompt_or_messages):
-            if not isinstance(message, Mapping):
-                raise TypeError(f"message {position} is {type(message).__name__}, not a dict")
-            out.append(copy.deepcopy(dict(message)))
-        return out
-    raise TypeError(
-        f"expected a prompt (str) or a list of messages, got {type(prompt_or_messages).__name__}"
-    )
-
-
-def _pair(turn: HistoryTurn, ids: Sequence[object]) -> list[tuple[str, HistoryCall]]:
-    """Each of the record's tool-call ids with the call that carries it as provider_id."""
-    pending: dict[str, list[HistoryCall]] = {}
-    for call in turn.calls:
-        if call.provider_id is not None:
-            pending.setdefault(call.provider_id, []).append(call)
-    pairs: list[tuple[str, HistoryCall]] = []
-    for pid in ids:
-        queue = pending.get(pid) if isinstance(pid, str) else None
-        if not isinstance(pid, str) or not queue:
-            raise UnusableHistory(
-                f"turn {turn.turn}: the model's tool call {pid!r} has no call in the history "
-                "with that provider_id"
-            )
-        pairs.append((pid, queue.pop(0)))
-    left = sorted(call.call_id for queue in pending.values() for call in queue)
-    if left:
-        raise UnusableHistory(
-            f"turn {turn.turn}: calls {left} carry provider ids the turn's record does not have"
-        )
-    return pairs
 
 
 def _output(call: HistoryCall) -> str:
