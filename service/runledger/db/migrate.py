@@ -61,12 +61,9 @@ def alembic_config(url: str | None, *, output: io.StringIO | None = None) -> Con
 
 
 def head() -> str:
-    from alembic.script import ScriptDirectory
-
-    heads = ScriptDirectory.from_config(alembic_config(None)).get_heads()
-    if len(heads) != 1:
-        raise ConfigurationError(f"expected one migration head, found {heads}")
-    return heads[0]
+    """The head revision: the last of :func:`revision_chain` (which refuses a chain that
+    is not linear, so there is exactly one)."""
+    return revision_chain()[-1]
 
 
 def _assigned(tree: ast.Module, name: str) -> str | None:
