@@ -163,12 +163,14 @@ class Tool(Generic[F]):
         safety: Safety,
         timeout: float | None,
         max_attempts: int,
+        parallel: bool | None = None,
     ) -> None:
         self.fn = fn
         self.name = name
         self.safety = safety
         self.timeout = timeout
         self.max_attempts = max_attempts
+        self.parallel = parallel  # None: the flow's parallel_calls decides
         self.lookup_fn: LookupFn | None = None
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
@@ -199,7 +201,12 @@ class Tool(Generic[F]):
 
 
 class Flow:
-    """A named, versioned agent: one policy plus its tools."""
+    """A named, versioned agent: one policy plus its tools.
+
+    ``parallel_calls=True`` lets the calls of one turn run at the same time (a tool's own
+    ``parallel=`` overrides it). Each call is still dispatched (committed) before it is
+    sent and completed as it returns; the next turn waits for all of them.
+    """
 
     def __init__(
         self,
@@ -208,6 +215,7 @@ class Flow:
         *,
         max_turns: int | None = None,
         max_calls: int | None = None,
+        parallel_calls: bool = False,
     ) -> None:
         if not FLOW_NAME_RE.fullmatch(name):
             raise ValueError(f"invalid flow name {name!r}: 1-128 characters of [A-Za-z0-9._-]")
@@ -219,6 +227,7 @@ class Flow:
         self.version = version
         self.max_turns = max_turns
         self.max_calls = max_calls
+        self.parallel_calls = parallel_calls
         self.tools: dict[str, Tool[Any]] = {}
         self.policy_fn: Callable[..., Any] | None = None
 
@@ -236,11 +245,14 @@ class Flow:
         name: str | None = None,
         timeout: float | None = None,
         max_attempts: int = 3,
+        parallel: bool | None = None,
     ) -> Callable[[Callable[..., Any]], Tool[Any]]:
         """Register a tool: ``@flow.tool(safety="idempotent")``.
 
         ``timeout`` (seconds) bounds one attempt; a timeout is ambiguous. ``max_attempts``
         bounds repeats with the same key where the safety class allows them.
+        ``parallel`` overrides the flow's ``parallel_calls`` for this tool: whether its
+        calls may run at the same time as the neighbouring calls of their turn.
         """
         try:
             klass = Safety(safety)
@@ -256,7 +268,14 @@ class Flow:
             tool_name = name or f.__name__
             if tool_name in self.tools:
                 raise ValueError(f"flow {self.ref} already has a tool named {tool_name}")
-            t = Tool(f, name=tool_name, safety=klass, timeout=timeout, max_attempts=max_attempts)
+            t = Tool(
+                f,
+                name=tool_name,
+                safety=klass,
+                timeout=timeout,
+                max_attempts=max_attempts,
+                parallel=parallel,
+            )
             self.tools[tool_name] = t
             return t
 
@@ -269,6 +288,15 @@ class Flow:
             raise ValueError(f"flow {self.ref} already has a policy")
         self.policy_fn = fn
         return fn
+
+    def runs_in_parallel(self, tool: str) -> bool:
+        """Whether calls of ``tool`` may run concurrently with their neighbours in a turn:
+        the tool's own ``parallel``, else the flow's ``parallel_calls`` (an unknown tool:
+        never, so that it fails on its own)."""
+        t = self.tools.get(tool)
+        if t is None:
+            return False
+        return self.parallel_calls if t.parallel is None else t.parallel
 
     def validate(self) -> None:
         """Raise ``ValueError`` when the flow cannot run (no policy, lookup tool without lookup)."""

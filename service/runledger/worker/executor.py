@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -53,6 +54,20 @@ from runledger.worker.writes import Writes
 __all__ = ["ActiveRun", "Draining", "Executor", "Limits", "LocalLeaseExpired"]
 
 log = logging.getLogger(__name__)
+
+
+def call_groups(flow: Flow, calls: list[Call]) -> list[list[Call]]:
+    """The calls of a turn, in order, as groups that run one after another: consecutive
+    calls whose tools may run in parallel (:meth:`Flow.runs_in_parallel`) form one
+    group; every other call is a group of its own."""
+    groups: list[list[Call]] = []
+    for x in calls:
+        together = flow.runs_in_parallel(x.tool)
+        if together and groups and flow.runs_in_parallel(groups[-1][-1].tool):
+            groups[-1].append(x)
+        else:
+            groups.append([x])
+    return groups
 
 
 class Executor:
@@ -184,15 +199,17 @@ class Executor:
                     return
                 pending = [x for x in calls if x.turn == last and not x.status.terminal]
                 if pending:
-                    for call in pending:
-                        settled = await self.calls.settle(active, flow, call)
-                        if settled is Settled.PAUSED:
-                            why = unknown_call_reason(call.idempotency_key)
-                            await self._finish(active, FinishStatus.PAUSED, None, why)
+                    for group in call_groups(flow, pending):
+                        settled = await self._settle_group(active, flow, group)
+                        paused = [x for x, s in settled if s is Settled.PAUSED]
+                        missing = [x for x, s in settled if s is Settled.TOOL_MISSING]
+                        if missing:
+                            tool = {"tool": missing[0].tool}
+                            await self._finish(active, FinishStatus.FAILED, tool, "tool_missing")
                             return
-                        if settled is Settled.TOOL_MISSING:
-                            missing = {"tool": call.tool}
-                            await self._finish(active, FinishStatus.FAILED, missing, "tool_missing")
+                        if paused:
+                            why = unknown_call_reason(*(x.idempotency_key for x in paused))
+                            await self._finish(active, FinishStatus.PAUSED, None, why)
                             return
                     # every call of the turn is final now: read the journal again
                     journal = await self._journal(c.run_id)
@@ -253,6 +270,35 @@ class Executor:
                 return
             self.crash.hit("after_record_turn", str(next_turn))
             journal = await self._journal(c.run_id)
+
+    async def _settle_group(
+        self, active: ActiveRun, flow: Flow, group: list[Call]
+    ) -> list[tuple[Call, Settled]]:
+        """Settle the calls of ``group`` at the same time (one call: just that one).
+
+        Every call runs to its own end -- a sibling that hits the lease's boundary or a
+        refusal does not cut the others off midway: each checks the lease itself before
+        it sends and on every write. If the run is fenced (its task cancelled) the calls
+        are abandoned as a single call is. Then the first failure, if any, is raised
+        (a lost lease before a local deadline before a drain)."""
+        if len(group) == 1:
+            return [(group[0], await self.calls.settle(active, flow, group[0]))]
+        tasks = [asyncio.ensure_future(self.calls.settle(active, flow, x)) for x in group]
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        failures = [exc for t in tasks if (exc := t.exception()) is not None]
+        if failures:
+            for kind in (errors.LeaseLost, LocalLeaseExpired, Draining):
+                for exc in failures:
+                    if isinstance(exc, kind):
+                        raise exc
+            raise failures[0]
+        return [(x, t.result()) for x, t in zip(group, tasks, strict=True)]
 
     async def _give_up(self, active: ActiveRun, stalled: int) -> None:
         """Claimed too often without progress. A call that may have been sent is marked

@@ -102,9 +102,13 @@ def resolve_command(key: str) -> str:
     return f"`runledger resolve {key} {RESOLVE}`"
 
 
-def unknown_call_reason(key: str) -> str:
-    """The pause reason of a call that settled ``unknown``: the full key, and the command."""
-    return f"call {key} is unknown: reconcile it with {resolve_command(key)}"
+def unknown_call_reason(*keys: str) -> str:
+    """The pause reason of calls that settled ``unknown`` (one, or several of a turn run
+    in parallel): each full key, and the command."""
+    if len(keys) == 1:
+        return f"call {keys[0]} is unknown: reconcile it with {resolve_command(keys[0])}"
+    listed = ", ".join(keys)
+    return f"calls {listed} are unknown: reconcile each with {resolve_command('<key>')}"
 
 
 def in_flight_reason(why: str, run_id: str, keys: Sequence[str]) -> str:
