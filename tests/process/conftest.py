@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.process
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from runledger.testing import wait_for
+from runledger.testing import WorkerPool, wait_for
 
 LEASE = 5.0
 
@@ -70,3 +76,99 @@ def wait_status(
 @pytest.fixture
 def lease_args() -> list[str]:
     return ["--lease-seconds", str(LEASE)]
+
+
+# -- workers forked from a preloaded server -------------------------------------------------
+
+# What the fork server imports once: a worker forked from it starts without paying for
+# these (about 2 s of CPU each with Pydantic AI, on the CI's two cores).
+FORK_PRELOAD = [
+    "pytest",
+    "runledger.cli",
+    "runledger.testing",
+    "runledger.worker.process",
+    "runledger.integrations.pydantic_ai",
+    "pydantic_ai.models.function",
+]
+
+
+class _Forked:
+    """A forked worker, with the part of ``subprocess.Popen`` that WorkerPool uses."""
+
+    def __init__(self, proc: multiprocessing.process.BaseProcess) -> None:
+        self.proc = proc
+
+    @property
+    def pid(self) -> int:
+        assert self.proc.pid is not None
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.proc.join(timeout)
+        if self.proc.exitcode is None:
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0)
+        return self.proc.exitcode
+
+
+def _forked_worker(argv: list[str], env: dict[str, str], log: str, cwd: str | None) -> None:
+    """In the forked process: what ``python -m runledger worker ...`` would do, detached
+    (its own session), its output in ``log``, its environment exactly ``env``."""
+    os.setsid()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    if cwd:
+        os.chdir(cwd)
+    sys.argv = ["runledger", *argv]
+    from runledger.cli import run
+
+    run()
+
+
+class ForkedWorkerPool(WorkerPool):
+    """A :class:`WorkerPool` whose workers are forked from multiprocessing's fork server,
+    which imported :data:`FORK_PRELOAD` once. Each worker is still its own process
+    running the ``runledger worker`` command (SIGKILL, SIGSTOP, exit codes as for the
+    exec'd ones); only the imports are shared, copy-on-write."""
+
+    def _spawn(self, i: int) -> Any:
+        argv = ["worker", "--worker-id", self.worker_id(i)]
+        for spec in self.flows:
+            argv += ["--flows", spec]
+        argv += self.args + self.extra_args[i]
+        env = {
+            **os.environ,
+            **self.env,
+            **self.extra_env[i],
+            "RUNLEDGER_DATABASE_URL": self.database_url,
+            "PYTHONUNBUFFERED": "1",
+            "RUNLEDGER_TESTING": "1",
+        }
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(FORK_PRELOAD)
+        proc = ctx.Process(
+            target=_forked_worker,
+            args=(argv, env, str(self.logs[i]), self.cwd),
+            name=self.worker_id(i),
+        )
+        proc.start()
+        return _Forked(proc)
+
+
+@pytest.fixture
+def forked_workers(workers: WorkerPool) -> Iterator[ForkedWorkerPool]:
+    """The ``workers`` pool's settings (database, provider URL, poll interval), its
+    workers forked (:class:`ForkedWorkerPool`); no flows until the test sets them."""
+    pool = ForkedWorkerPool(
+        workers.database_url, [], env=workers.env, args=workers.args, cwd=workers.cwd
+    )
+    try:
+        yield pool
+    finally:
+        pool.close()
