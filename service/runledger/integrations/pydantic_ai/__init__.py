@@ -96,6 +96,7 @@ def agent_flow(
     max_attempts: int = 3,
     max_turns: int | None = None,
     max_calls: int | None = None,
+    parallel_calls: bool = True,
 ) -> Flow:
     """A :class:`~runledger.Flow` that runs ``agent`` one journaled model request per turn.
 
@@ -107,7 +108,11 @@ def agent_flow(
       and from the :class:`~runledger.ToolContext` for tool calls (both carry ``run_id``
       and ``flow``);
     - ``lookups``: ``{tool: fn(ctx) -> receipt | None}`` for the ``lookup`` tools;
-    - ``max_attempts``: per tool, as ``@flow.tool``; ``max_turns``/``max_calls``: as ``Flow``.
+    - ``max_attempts``: per tool, as ``@flow.tool``; ``max_turns``/``max_calls``: as ``Flow``;
+    - ``parallel_calls``: the calls of one model response run at the same time, as under
+      ``agent.run`` (``False``: one after another); a tool declared ``sequential=True``
+      runs alone, after the calls before it and before the calls after it, as in
+      Pydantic AI.
     """
     tools = _agent_tools(agent)
     missing = sorted(set(tools) - set(safety))
@@ -125,13 +130,16 @@ def agent_flow(
                 f"tool {tool.name} requires approval: deferred tools are not supported"
             )
     adapter = _Adapter(agent, tools, prompt or _default_prompt, deps)
-    flow = Flow(name, version, max_turns=max_turns, max_calls=max_calls)
+    flow = Flow(
+        name, version, max_turns=max_turns, max_calls=max_calls, parallel_calls=parallel_calls
+    )
     for tool_name, (tool, _) in tools.items():
         flow.tool(
             safety=safety[tool_name],
             name=tool_name,
             timeout=tool.timeout,
             max_attempts=max_attempts,
+            parallel=False if tool.sequential else None,
         )(adapter.tool_fn(tool))
     for tool_name, fn in (lookups or {}).items():
         if tool_name not in flow.tools:
