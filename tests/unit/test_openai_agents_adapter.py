@@ -637,3 +637,36 @@ def test_runledger_imports_without_the_agents_sdk() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("refused blocked agents")
+
+
+async def test_a_disabled_tool_is_not_offered_and_a_call_of_it_is_refused() -> None:
+    @function_tool(is_enabled=lambda ctx, agent: ctx.context.prefix != "T")
+    def lookup_order(order_id: str) -> str:
+        """Look an order up."""
+        return "never"
+
+    script = Scripted([[call("lookup_order", {"order_id": "o"}, "call_1")]])
+    agent: Agent[Shop] = Agent(name="a", model=script, tools=[lookup_order])
+    flow = agent_flow(
+        agent, name="a", safety={"lookup_order": "read_only"}, context=lambda ctx: Shop("T")
+    )
+    with pytest.raises(InvalidDecision, match="'lookup_order' is not enabled"):
+        await drive(flow, {"prompt": "x"})
+    assert script.seen[0].tools == []
+
+
+class CachingModel(Scripted):
+    def _supports_default_prompt_cache_key(self) -> bool:  # as the SDK's OpenAI models
+        return True
+
+
+async def test_the_prompt_cache_key_is_one_per_run_whichever_worker_asks() -> None:
+    keys = []
+    for run_id in ("run-1", "run-1", "run-2"):
+        script = CachingModel([[text("ok")]])
+        agent: Agent[Any] = Agent(name="a", model=script)
+        await drive(agent_flow(agent, name="a", safety={}), {"prompt": "x"}, run_id=run_id)
+        extra = script.seen[0].settings.extra_args or {}
+        keys.append(extra["prompt_cache_key"])
+    assert keys[0] == keys[1] != keys[2]
+    assert keys[0].startswith("agents-sdk:run:")

@@ -22,7 +22,7 @@ from agents.run_internal.items import (
 )
 from agents.run_internal.prompt_cache_key import model_settings_with_prompt_cache_key
 from agents.run_internal.turn_preparation import get_model, get_model_settings, get_output_schema
-from agents.tool import FunctionTool
+from agents.tool import FunctionTool, Tool
 from openai.types.responses import ResponseOutputMessage
 
 from runledger.flows import (
@@ -92,14 +92,17 @@ class AgentPolicy:
             prepare_model_input_items(caller, generated)
         )
         wrapper.turn_input = list(caller)
-        response = await self.request(ctx, wrapper, items, used_tools=any(t.calls for t in history))
-        return self.decision(response)
+        used_tools = any(t.calls for t in history)
+        tools = await self.agent.get_all_tools(wrapper)  # the enabled ones
+        response = await self.request(ctx, wrapper, items, tools, used_tools=used_tools)
+        return self.decision(response, {t.name for t in tools})
 
     async def request(
         self,
         ctx: PolicyContext,
         wrapper: RunContextWrapper[Any],
         items: list[TResponseInputItem],
+        tools: list[Tool],
         *,
         used_tools: bool,
     ) -> ModelResponse:
@@ -108,7 +111,6 @@ class AgentPolicy:
         reset once tools were used, as ``reset_tool_choice`` asks). The SDK's own retries
         (runner and client) are off: runledger retries the policy."""
         agent = self.agent
-        tools = await agent.get_all_tools(wrapper)
         system, prompt = await asyncio.gather(
             agent.get_system_prompt(wrapper), agent.get_prompt(wrapper)
         )
@@ -146,11 +148,14 @@ class AgentPolicy:
         digest = hashlib.sha256(ctx.run_id.encode()).hexdigest()[:32]
         return f"agents-sdk:run:{digest}"
 
-    def decision(self, response: ModelResponse) -> Decision:
+    def decision(self, response: ModelResponse, enabled: set[str]) -> Decision:
         """The calls of a response that calls tools; otherwise its final output, decided as
         ``Runner.run`` decides it."""
         record = response_to_record(response)
         calls = [self.call(item) for item in function_calls(response.output)]
+        for c in calls:
+            if c.tool in self.tools and c.tool not in enabled:
+                raise InvalidDecision(f"tool {c.tool!r} is not enabled for this request")
         if calls:
             return Decision(calls=calls, record=record)
         messages = [i for i in response.output if isinstance(i, ResponseOutputMessage)]
