@@ -1,0 +1,177 @@
+"""An OpenAI Agents SDK ``Agent`` as a runledger :class:`~runledger.Flow`: :func:`agent_flow`.
+
+- **One model request is one journaled turn.** The policy rebuilds the SDK's input items
+  from the journal (the prompt, each turn's recorded output items, each call's result as
+  a ``function_call_output``) the way ``Runner.run`` builds them, and makes exactly one
+  ``Model.get_response`` with the agent's own model, instructions, prompt, tools, output
+  schema and model settings. The response's output items are the turn's
+  ``Decision.record``; a recorded turn is never asked again.
+- **Each function tool is a runledger tool** with the safety class it is given; a tool
+  without one is refused when the flow is built. Tool code reads the idempotency key and
+  fencing token from :func:`runledger.tool_context` and still gets the SDK's
+  ``ToolContext`` (with the run context from ``context=``) if it takes one.
+- **Failures look as they do under ``Runner.run``**: a failed call is shown to the model
+  as the tool's ``failure_error_function`` renders it. Arguments the SDK refuses (bad
+  JSON, or failing validation) and a tool raising :class:`runledger.NotApplied` fail the
+  call at once (certainly no effect); any other exception is ambiguous and recovered by
+  the tool's safety class first (where ``Runner.run`` would tell the model at once).
+- **Not supported, refused when the flow is built**: handoffs, guardrails (agent and
+  tool), MCP servers, hosted and other non-function tools, agents as tools, tools that
+  need approval or deferred loading, namespaced tools, agent hooks, a ``tool_use_behavior``
+  other than ``"run_llm_again"``, sandbox agents.
+
+The Agents SDK is imported only here (extra ``runledger-pg[openai-agents]``). This package
+uses a few names of the SDK's internal modules (``agents.run_internal``, the provider-retry
+switch, the sync-tool marker); the extra pins the minor version it was written against.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from agents import Agent
+from agents.tool import FunctionTool
+
+from runledger.flows import Flow, LookupFn, PolicyContext
+from runledger.integrations.openai_agents.policy import AgentPolicy, PromptFn, UnsupportedResponse
+from runledger.integrations.openai_agents.records import record_to_response, response_to_record
+from runledger.integrations.openai_agents.tools import ContextFn, ToolCallFailed, ToolRunner
+from runledger.model import Safety
+
+__all__ = [
+    "ToolCallFailed",
+    "UnsupportedResponse",
+    "agent_flow",
+    "record_to_response",
+    "response_to_record",
+]
+
+log = logging.getLogger(__name__)
+
+
+def agent_flow(
+    agent: Agent[Any],
+    *,
+    name: str,
+    version: str = "1",
+    safety: Mapping[str, Safety | str],
+    prompt: PromptFn | None = None,
+    context: ContextFn | None = None,
+    lookups: Mapping[str, LookupFn] | None = None,
+    max_attempts: int = 3,
+    max_turns: int | None = None,
+    max_calls: int | None = None,
+) -> Flow:
+    """A :class:`~runledger.Flow` that runs ``agent`` one journaled model request per turn.
+
+    - ``safety``: the safety class of every function tool of the agent (a tool without
+      one, or a class for a tool the agent lacks, is a ``ValueError``);
+    - ``prompt(ctx)``: the input from the :class:`~runledger.flows.PolicyContext`, a string
+      or a list of input items, as ``Runner.run`` takes it (default ``ctx.input["prompt"]``);
+    - ``context(ctx)``: the run context (``Runner.run(context=...)``), built from the
+      ``PolicyContext`` for model requests and from the :class:`~runledger.ToolContext` for
+      tool calls (both carry ``run_id`` and ``flow``);
+    - ``lookups``: ``{tool: fn(ctx) -> receipt | None}`` for the ``lookup`` tools;
+    - ``max_attempts``: per tool, as ``@flow.tool``; ``max_turns``/``max_calls``: as ``Flow``
+      (``Runner.run``'s ``max_turns`` is not used).
+    """
+    _refuse_unsupported(agent)
+    tools = _function_tools(agent)
+    missing = sorted(set(tools) - set(safety))
+    if missing:
+        raise ValueError(
+            f"agent tools without a safety class: {', '.join(missing)} "
+            f"(pass safety={{{missing[0]!r}: 'idempotent' | 'lookup' | 'read_only' | 'unsafe'}})"
+        )
+    unknown = sorted(set(safety) - set(tools))
+    if unknown:
+        raise ValueError(f"safety names tools the agent does not have: {', '.join(unknown)}")
+    if agent.model_settings.retry is not None:
+        log.warning(
+            "agent %s: ModelSettings.retry is not used: runledger retries the model request "
+            "(the worker's policy_attempts)",
+            agent.name,
+        )
+    runner = ToolRunner(agent, context)
+    flow = Flow(name, version, max_turns=max_turns, max_calls=max_calls)
+    for tool_name, tool in tools.items():
+        flow.tool(
+            safety=safety[tool_name],
+            name=tool_name,
+            timeout=tool.timeout_seconds,
+            max_attempts=max_attempts,
+        )(runner.tool_fn(tool))
+    for tool_name, fn in (lookups or {}).items():
+        if tool_name not in flow.tools:
+            raise ValueError(f"lookups names a tool the agent does not have: {tool_name}")
+        flow.tools[tool_name].lookup(fn)  # TypeError unless the tool is 'lookup'
+    flow.policy(AgentPolicy(agent, tools, prompt or _default_prompt, context).decide)
+    flow.validate()  # a 'lookup' tool without a lookup
+    return flow
+
+
+def _default_prompt(ctx: PolicyContext) -> Any:
+    try:
+        return ctx.input["prompt"]
+    except KeyError:
+        raise ValueError("the run input has no 'prompt': pass agent_flow(prompt=...)") from None
+
+
+def _refuse_unsupported(agent: Agent[Any]) -> None:
+    """Refuse what a journaled turn cannot hold, naming it."""
+    if not isinstance(agent, Agent):
+        raise TypeError(f"expected an agents.Agent, got {type(agent).__name__}")
+    if type(agent).__name__ == "SandboxAgent":
+        raise ValueError(f"agent {agent.name}: sandbox agents are not supported")
+    refused = [
+        (agent.handoffs, "handoffs"),
+        (agent.input_guardrails, "input guardrails"),
+        (agent.output_guardrails, "output guardrails"),
+        (agent.mcp_servers, "MCP servers"),
+        (agent.hooks, "agent hooks"),
+    ]
+    for present, what in refused:
+        if present:
+            raise ValueError(f"agent {agent.name} has {what}: not supported by agent_flow")
+    if agent.tool_use_behavior != "run_llm_again":
+        raise ValueError(
+            f"agent {agent.name}: tool_use_behavior={agent.tool_use_behavior!r} is not "
+            "supported (only 'run_llm_again': the model sees every tool result)"
+        )
+
+
+def _function_tools(agent: Agent[Any]) -> dict[str, FunctionTool]:
+    """Every tool of the agent, which must be a plain function tool."""
+    tools: dict[str, FunctionTool] = {}
+    for tool in agent.tools:
+        label = getattr(tool, "name", type(tool).__name__)
+        if not isinstance(tool, FunctionTool):
+            raise ValueError(
+                f"tool {label} is a {type(tool).__name__}: only function tools can be journaled "
+                "(hosted tools run outside the journal)"
+            )
+        why = _unsupported_tool(tool)
+        if why:
+            raise ValueError(f"tool {tool.name}: {why}: not supported by agent_flow")
+        if tool.name in tools:
+            raise ValueError(f"agent {agent.name} has two tools named {tool.name}")
+        tools[tool.name] = tool
+    return tools
+
+
+def _unsupported_tool(tool: FunctionTool) -> str | None:
+    if tool._is_agent_tool or tool._is_codex_tool:
+        return "an agent as a tool (its model requests would not be journaled)"
+    if tool.needs_approval is not False:
+        return "needs approval"
+    if tool.tool_input_guardrails or tool.tool_output_guardrails:
+        return "tool guardrails"
+    if tool.defer_loading:
+        return "deferred loading (tool search)"
+    if tool.qualified_name != tool.name:
+        return "a namespaced tool"
+    if tool.allowed_callers not in (None, ["direct"]):
+        return "programmatic callers"
+    return None
