@@ -20,7 +20,6 @@ effect, before the reply) so that the demo can SIGKILL the worker exactly then.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from pydantic_ai import Agent
@@ -36,14 +35,9 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from runledger import ToolContext, tool_context
-from runledger.demo import HOLD_ENV, SAFETY
+from runledger.demo import HOLD_ENV, PROMPT_RE, SAFETY
 from runledger.integrations.pydantic_ai import agent_flow
 from runledger.testing.provider import ProviderClient
-
-_PROMPT_RE = re.compile(
-    r"Customer (?P<customer>\S+) wants order (?P<order>\S+) expedited: .* the (?P<amount>\d+) EUR"
-)
-
 
 # -- the scripted model ---------------------------------------------------------------
 
@@ -51,7 +45,7 @@ _PROMPT_RE = re.compile(
 def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """One model response: the next step for the conversation in ``messages``."""
     turn = sum(isinstance(m, ModelResponse) for m in messages)
-    found = _PROMPT_RE.search(_prompt(messages))
+    found = PROMPT_RE.search(_prompt(messages))
     if found is None:
         return ModelResponse(parts=[TextPart("I can only expedite orders.")])
     customer, order, amount = found["customer"], found["order"], int(found["amount"])
@@ -113,28 +107,27 @@ def _provider() -> ProviderClient:
     return ProviderClient.from_env()
 
 
-def _gate(tool: str) -> str | None:
+def _gate() -> str | None:
     """The provider gate this call waits at, if the demo holds it (``RUNLEDGER_DEMO_HOLD``)."""
     rl = tool_context()
     held = (entry.partition("=") for entry in os.environ.get(HOLD_ENV, "").split(","))
-    if any(run == rl.run_id and name == tool for run, _, name in held):
+    if any(run == rl.run_id and tool == rl.tool for run, _, tool in held):
         return f"hold:{rl.idempotency_key}"
     return None
 
 
-def _apply(kind: str, payload: dict[str, Any], *, dedupe: bool, tool: str) -> dict[str, Any]:
+def _apply(kind: str, payload: dict[str, Any], *, dedupe: bool) -> dict[str, Any]:
+    """The effect at the provider, under runledger's key and fencing token."""
     rl = tool_context()
     return _provider().apply(
-        rl.idempotency_key, kind, payload, rl.fencing_token, dedupe=dedupe, gate=_gate(tool)
+        rl.idempotency_key, kind, payload, rl.fencing_token, dedupe=dedupe, gate=_gate()
     )
 
 
 @agent.tool_plain
 def create_ticket(subject: str, customer: str) -> dict[str, Any]:
     """Open a support ticket."""
-    effect = _apply(
-        "ticket", {"subject": subject, "customer": customer}, dedupe=True, tool="create_ticket"
-    )
+    effect = _apply("ticket", {"subject": subject, "customer": customer}, dedupe=True)
     return {"ticket_id": f"T-{effect['effect_id']}"}
 
 
@@ -142,16 +135,14 @@ def create_ticket(subject: str, customer: str) -> dict[str, Any]:
 def charge(customer: str, amount_eur: int, reference: str) -> dict[str, Any]:
     """Charge the customer's card on file."""
     payload = {"customer": customer, "amount_eur": amount_eur, "reference": reference}
-    effect = _apply("charge", payload, dedupe=False, tool="charge")
+    effect = _apply("charge", payload, dedupe=False)  # only the lookup saves a retry
     return {"charge_id": f"ch-{effect['effect_id']}"}
 
 
 @agent.tool_plain
 def send_email(to: str, subject: str, body: str) -> dict[str, Any]:
     """Send an email to the customer."""
-    effect = _apply(
-        "email", {"to": to, "subject": subject, "body": body}, dedupe=False, tool="send_email"
-    )
+    effect = _apply("email", {"to": to, "subject": subject, "body": body}, dedupe=False)
     return {"email_id": f"m-{effect['effect_id']}"}
 
 

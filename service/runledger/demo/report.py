@@ -1,7 +1,7 @@
 """The demo's audit: the journal against the provider's own record of what happened.
 
 It holds when no idempotency key took effect twice at the provider, every succeeded call
-has exactly one effect there, every run succeeded or paused (and every paused run waits on
+has its effect there, every run succeeded or paused (and every paused run waits on
 an ``unknown`` call), and every check of ``runledger audit`` passes.
 """
 
@@ -51,7 +51,7 @@ class Audit:
     statuses: dict[str, int]
     takeovers: int
     tools: list[ToolLine]
-    missing: list[str]  # succeeded calls without exactly one effect at the provider
+    missing: list[str]  # succeeded calls without an effect at the provider
     duplicated: list[str]  # keys that took effect more than once
     unknown: list[Unknown]
     paused_without_unknown: list[str]
@@ -148,7 +148,7 @@ def audit(url: str, prefix: str, runs: int, effects: Sequence[dict[str, Any]]) -
         statuses=statuses,
         takeovers=takeovers,
         tools=tools,
-        missing=[str(c[2]) for c in calls if c[3] == "succeeded" and per_key[str(c[2])] != 1],
+        missing=[str(c[2]) for c in calls if c[3] == "succeeded" and not per_key[str(c[2])]],
         duplicated=sorted(k for k, n in per_key.items() if n > 1),
         unknown=unknown,
         paused_without_unknown=[r for r in paused if r not in with_unknown],
@@ -163,10 +163,10 @@ def print_audit(a: Audit, elapsed: float, kills: int, say: Callable[[str], None]
     counts = ", ".join(f"{a.statuses[s]} {s}" for s in order if a.statuses.get(s))
     say(f"\n{a.runs} runs in {elapsed:.1f} s: {counts or 'none'}")
     say(f"{kills} SIGKILLs mid-call; {a.takeovers} runs taken over by another worker")
-    say(f"  {'tool':<14}{'safety':<12}{'calls':>5}{'sends':>7}{'effects':>9}{'twice':>7}")
+    say(f"  {'tool':<15}{'safety':<12}{'calls':>5}{'sends':>7}{'effects':>9}{'twice':>7}")
     for t in a.tools:
         say(
-            f"  {t.tool:<14}{SAFETY[t.tool]:<12}{t.calls:>5}{t.sends:>7}{t.effects:>9}"
+            f"  {t.tool:<15}{SAFETY[t.tool]:<12}{t.calls:>5}{t.sends:>7}{t.effects:>9}"
             f"{t.duplicated:>7}  {_note(t)}"
         )
     say(f"succeeded calls without their effect at the provider: {len(a.missing)}")
@@ -181,6 +181,8 @@ def print_audit(a: Audit, elapsed: float, kills: int, say: Callable[[str], None]
 
 
 def _note(t: ToolLine) -> str:
+    if t.duplicated:
+        return f"{t.duplicated} key(s) took effect twice at the provider"
     if t.tool == "create_ticket":
         again = t.sends - t.calls
         return f"{again} sent again after a crash; the provider kept one" if again else ""
@@ -197,17 +199,20 @@ def print_paused(unknown: Sequence[Unknown], say: Callable[[str], None]) -> None
     if not unknown:
         return
     runs = len({u.run_id for u in unknown})
-    say(
-        f"\n{runs} run{'s' if runs > 1 else ''} paused on an email a worker was sending when it "
-        "died: runledger\nnever sends an unsafe call twice by itself. Check the provider, then "
-        "tell runledger:"
-    )
-    for u in unknown:
-        seen = (
-            f"the provider has the email to {u.to}"
-            if u.effects
-            else f"the provider never got the email to {u.to}"
+    plural = "s" if runs > 1 else ""
+    if all(u.tool == "send_email" for u in unknown):
+        say(
+            f"\n{runs} run{plural} paused on an email a worker was sending when it died: "
+            "runledger\nnever sends an unsafe call twice by itself. Check the provider, then "
+            "tell runledger:"
         )
+    else:
+        say(
+            f"\n{runs} run{plural} paused on calls nobody knows the outcome of. Check the provider:"
+        )
+    for u in unknown:
+        what = f"the email to {u.to}" if u.tool == "send_email" else f"the {u.tool} call"
+        seen = f"the provider has {what}" if u.effects else f"the provider never got {what}"
         say(f"  {u.run_id}: {seen}, so")
         say(f"    {u.command}")
     say("  (or not_applied: send it again under the same key; abandoned: give up on it)")

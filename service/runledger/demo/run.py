@@ -109,7 +109,10 @@ def run_demo(options: DemoOptions, say: Say = click.echo) -> int:
         print_audit(result, elapsed, len(plan.holds), say)
         print_paused(result.unknown, say)
         if options.keep and db.throwaway:
-            db.keep()
+            if db.backend == "docker":  # testcontainers removes it when this process ends
+                say("\n--keep: a Docker container cannot outlive the demo; use local PostgreSQL.")
+            else:
+                db.keep()
         _footer(db, [u.command for u in result.unknown], [u.run_id for u in result.unknown], say)
         return 0 if result.ok else 1
 
@@ -169,25 +172,27 @@ def _submit(
 
 
 def _footer(db: DemoDatabase, commands: list[str], runs: list[str], say: Say) -> None:
-    if not commands:
-        return
     if not db.throwaway:
-        say(
-            "\nThe runs are in your database (RUNLEDGER_DATABASE_URL): run the command above there."
-        )
+        if commands:
+            say("\nThe runs are in your database (RUNLEDGER_DATABASE_URL): resolve them there.")
         return
     if not db.kept:
-        say("\n(The throwaway database is gone now: `runledger demo --keep` leaves it running.)")
+        if commands:
+            say(
+                "\n(The throwaway database is gone now: `runledger demo --keep` leaves it running.)"
+            )
         return
     say("\nThe database is still running (--keep). In a shell:")
-    say(f"  export RUNLEDGER_DATABASE_URL='{db.url}'")
-    say(f"  runledger status {runs[0]}")
-    say(f"  {commands[0]}")
-    say(f"  runledger worker --flows {FLOW_SPEC}    # finishes the run (Ctrl-C to stop)")
+    quoted = db.url.replace("'", "'\\''")  # a shell word, whatever the URL holds
+    say(f"  export RUNLEDGER_DATABASE_URL='{quoted}'")
+    if commands:
+        say(f"  runledger status {runs[0]}")
+        say(f"  {commands[0]}")
+        say(f"  runledger worker --flows {FLOW_SPEC}    # finishes the run (Ctrl-C to stop)")
+    else:
+        say("  runledger audit")
     if db.directory:
         say(f"Stop it when done: runledger demo --stop {db.directory}")
-    elif db.backend == "docker":
-        say("(A Docker container does not outlive this command: use local PostgreSQL for --keep.)")
     else:
         say(f"Drop it when done: DROP DATABASE {db.url.rsplit('/', 1)[1].split('?')[0]}")
 
