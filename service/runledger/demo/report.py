@@ -182,17 +182,13 @@ def print_audit(a: Audit, elapsed: float, kills: int, say: Callable[[str], None]
 
 def _note(t: ToolLine) -> str:
     if t.duplicated:
-        return f"{t.duplicated} key(s) took effect twice at the provider"
+        return f"{t.duplicated} key(s) took effect twice"
     if t.tool == "create_ticket":
         again = t.sends - t.calls
-        return f"{again} sent again after a crash; the provider kept one" if again else ""
+        return f"{again} sent again after a crash, deduplicated by key" if again else ""
     if t.tool == "charge":
-        return (
-            f"{t.looked_up} found by the lookup after a crash, not charged again"
-            if t.looked_up
-            else ""
-        )
-    return f"{t.unknown} unknown: the run pauses for a person" if t.unknown else ""
+        return f"{t.looked_up} found by lookup after a crash, not sent again" if t.looked_up else ""
+    return f"{t.unknown} unknown: paused for a person" if t.unknown else ""
 
 
 def print_paused(unknown: Sequence[Unknown], say: Callable[[str], None]) -> None:

@@ -98,15 +98,18 @@ def run_demo(options: DemoOptions, say: Say = click.echo) -> int:
                 args=WORKER_ARGS,
             )
             try:
-                elapsed = _play(db.url, provider, pool, plan, options, say)
+                elapsed, kills = _play(db.url, provider, pool, plan, options, say)
                 result = audit(db.url, plan.prefix, options.runs, provider.client.effects())
                 if not result.ok:
                     _show_logs(pool)
+            except DemoError:
+                _show_logs(pool)
+                raise
             finally:
                 pool.close()
         finally:
             provider.stop()
-        print_audit(result, elapsed, len(plan.holds), say)
+        print_audit(result, elapsed, kills, say)
         print_paused(result.unknown, say)
         if options.keep and db.throwaway:
             if db.backend == "docker":  # testcontainers removes it when this process ends
@@ -119,9 +122,9 @@ def run_demo(options: DemoOptions, say: Say = click.echo) -> int:
 
 def _play(
     url: str, provider: ProviderProcess, pool: WorkerPool, plan: Plan, o: DemoOptions, say: Say
-) -> float:
-    """Submit, kill, restart, wait; the seconds from the first submission to the last run
-    settled (succeeded, paused, failed or cancelled)."""
+) -> tuple[float, int]:
+    """Submit, kill, restart, wait: the seconds from the first submission until every run
+    settled (succeeded, paused, failed or cancelled), and the SIGKILLs that landed."""
     provider.client.configure(latency=0.02)  # a provider that takes a moment to answer
     started = time.monotonic()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -134,18 +137,11 @@ def _play(
             f" that calls\n  create_ticket (idempotent), charge (lookup), send_email (unsafe), "
             f"then answers; {o.workers} workers"
         )
+        kills = 0
         for run_id, tool in plan.holds.items():
             # submitted now, first in line: no earlier kill can have touched it
             _submit(conn, run_id, plan.inputs[run_id], priority=1)
-            gate = f"hold:{run_id}:{TURN[tool]}:c0"
-            provider.client.wait_for_held(gate, timeout=60)
-            victim = pool.kill_holder(run_id, conn, timeout=30)
-            say(
-                f"SIGKILL {pool.worker_id(victim)} mid-call: {run_id} {WHILE[tool]}, reply not "
-                "back yet); restarted"
-            )
-            provider.client.open_gate(gate)
-            pool.restart(victim)
+            kills += _kill_mid_call(conn, provider, pool, run_id, tool, say)
 
         def settled() -> bool:
             row = conn.execute(
@@ -159,7 +155,47 @@ def _play(
             wait_for(settled, timeout=o.timeout, interval=0.1, what="every run settled")
         except AssertionError:
             say(f"timed out after {o.timeout:.0f} s: some runs neither succeeded nor paused")
-    return time.monotonic() - started
+    return time.monotonic() - started, kills
+
+
+def _kill_mid_call(
+    conn: psycopg.Connection[Any],
+    provider: ProviderProcess,
+    pool: WorkerPool,
+    run_id: str,
+    tool: str,
+    say: Say,
+    timeout: float = 60.0,
+) -> int:
+    """SIGKILL the worker whose ``tool`` call of ``run_id`` the provider holds (the effect
+    done, the reply not sent), release the call, restart the worker; 1 if it was killed."""
+    gate = f"hold:{run_id}:{TURN[tool]}:c0"
+    try:
+        provider.client.wait_for_held(gate, timeout=timeout)
+    except AssertionError:
+        raise DemoError(f"{run_id} did not reach its {tool} call within {timeout:.0f} s") from None
+    workers = {pool.worker_id(i): i for i in range(len(pool.procs))}
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute(
+            "SELECT status, lease_owner FROM runledger.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        status, owner = (str(row[0]), row[1]) if row else ("missing", None)
+        victim = workers.get(str(owner)) if status == "running" else None
+        if victim is not None and pool.alive(victim):
+            break
+        if status not in ("running", "queued"):  # its lease ran out first: a busy machine
+            say(f"{run_id} was {status} before its SIGKILL (its lease ran out); no kill")
+            provider.client.open_gate(gate)
+            return 0
+        if time.monotonic() > deadline:
+            raise DemoError(f"no live worker held {run_id} within {timeout:.0f} s")
+        time.sleep(0.02)
+    pool.kill(victim)
+    say(f"SIGKILL {owner} mid-call: {run_id} {WHILE[tool]}, reply not back yet); restarted")
+    provider.client.open_gate(gate)
+    pool.restart(victim)
+    return 1
 
 
 def _submit(
