@@ -427,13 +427,62 @@ def audit(database_url: str | None, connect_timeout: float, as_json: bool) -> No
 @setting_option("database_url", help="PostgreSQL URL; default: a throwaway cluster.")
 @_opt("--runs", type=click.IntRange(1, 10000), default=40, help="Runs to submit.")
 @_opt("--workers", "n_workers", type=click.IntRange(1, 32), default=3, help="Worker processes.")
-@_opt("--kills", type=click.IntRange(0, 100), default=3, help="SIGKILLs during the run.")
-@_opt("--seed", type=int, default=7, help="Which workers get killed.")
-def demo(database_url: str | None, runs: int, n_workers: int, kills: int, seed: int) -> None:
-    """Run the demo: workers SIGKILLed mid-call, then an audit of the effects."""
-    from runledger.demo.run import run_demo
+@_opt(
+    "--kills",
+    type=click.IntRange(0, 100),
+    default=3,
+    help="SIGKILLs, each while a call is in flight: an email, a ticket, a charge, an email...",
+)
+@_opt("--seed", type=int, default=7, help="Picks the customers, orders and amounts.")
+@_opt(
+    "--keep",
+    is_flag=True,
+    help="Leave the throwaway cluster running and print how to connect and resolve.",
+)
+@_opt(
+    "--stop",
+    "stop_dir",
+    default=None,
+    metavar="DIR",
+    help="Stop and remove a cluster an earlier `demo --keep` left running; nothing else.",
+)
+def demo(
+    database_url: str | None,
+    runs: int,
+    n_workers: int,
+    kills: int,
+    seed: int,
+    keep: bool,
+    stop_dir: str | None,
+) -> None:
+    """Run the demo: a Pydantic AI agent's runs, workers SIGKILLed mid-call, an audit.
 
-    sys.exit(run_demo(database_url, runs, n_workers, kills, seed))
+    Exit 0 when the audit holds (no effect twice, no succeeded call without its effect,
+    every run succeeded or paused on an unknown call), 1 otherwise.
+    """
+    from runledger.demo.cluster import BadClusterDir, DemoError, stop_cluster
+
+    try:
+        if stop_dir is not None:
+            stop_cluster(stop_dir)
+            click.echo(f"stopped and removed {stop_dir}")
+            return
+        from runledger.demo.run import DemoOptions, run_demo
+
+        options = DemoOptions(
+            database_url=database_url,
+            runs=runs,
+            workers=n_workers,
+            kills=kills,
+            seed=seed,
+            keep=keep,
+        )
+        code = run_demo(options)
+    except BadClusterDir as exc:
+        raise click.BadParameter(str(exc), param_hint="'--stop'") from None
+    except DemoError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)
 
 
 def _fail(message: str, code: int) -> None:

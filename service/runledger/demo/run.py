@@ -1,19 +1,24 @@
 """``runledger demo``: the whole story in one command, against a real PostgreSQL.
 
-Starts the fake provider and three worker processes, submits ticket-triage runs
-(open a ticket -- idempotent; e-mail its id -- unsafe), SIGKILLs workers while calls
-are in flight, restarts them, and then audits: every run succeeded or paused, no
-effect happened twice, every paused run waits on an ``unknown`` call for a person.
-Uses ``RUNLEDGER_DATABASE_URL`` when set, else a throwaway cluster.
+Runs of ``support@1``, a Pydantic AI agent (:mod:`runledger.demo.agent`, a scripted
+``FunctionModel``) that opens a ticket (idempotent), charges a card (lookup) and emails
+the customer (unsafe). Three worker processes drive them; the demo SIGKILLs a worker
+while one of those calls is in flight (the provider holds it at a gate: the effect done,
+the reply not yet sent), then restarts it. The first kill lands on an email, so at least
+one run ends paused on an ``unknown`` call for a person. Then the audit: the provider's
+record against the journal (:mod:`runledger.demo.report`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
+import secrets
+import signal
+import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -21,145 +26,242 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from runledger.db.migrate import upgrade
+from runledger.demo import HOLD_ENV, TURN, prompt_for
+from runledger.demo.cluster import DemoDatabase, DemoError, demo_database
+from runledger.demo.report import audit, print_audit, print_paused
 from runledger.testing.processes import ProviderProcess, WorkerPool, wait_for
 
+FLOW, FLOW_SPEC = "support", "runledger.demo.agent:flow"
+HOLDS = ("send_email", "create_ticket", "charge")  # what the 1st, 2nd, 3rd... SIGKILL interrupts
+WHILE = {
+    "send_email": "was sending its email (sent",
+    "create_ticket": "was opening its ticket (opened",
+    "charge": "was charging the card (charged",
+}
+NAMES = ("ana", "bo", "chen", "dara", "eli", "fay", "gus", "hana", "ivo", "jun", "kai", "lea")
+WORKER_ARGS = ["--lease-seconds", "2", "--poll-seconds", "0.2", "--log-level", "WARNING"]
 
-@contextlib.contextmanager
-def _database(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from runledger.testing.postgres import Databases, acquire_server
-
-    click.echo("no RUNLEDGER_DATABASE_URL: starting a throwaway PostgreSQL", err=True)
-    server = acquire_server()
-    try:
-        click.echo(f"PostgreSQL {server.version} ({server.backend})", err=True)
-        yield Databases(server).create("runledger_demo", migrated=False)
-    finally:
-        server.stop()
+Say = Callable[[str], None]
 
 
-def run_demo(url: str | None, runs: int, workers: int, kills: int, seed: int) -> int:
-    rng = random.Random(seed)
-    with _database(url) as db:
-        upgrade(db)
-        provider = ProviderProcess()
-        pool = WorkerPool(
-            db,
-            ["runledger.demo.flows:flows"],
-            env={"RUNLEDGER_PROVIDER_URL": provider.url},
-            args=["--lease-seconds", "2", "--poll-seconds", "0.2", "--log-level", "WARNING"],
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemoOptions:
+    database_url: str | None = None
+    runs: int = 40
+    workers: int = 3
+    kills: int = 3
+    seed: int = 7
+    keep: bool = False
+    timeout: float = 120.0  # for every run to succeed or pause, after the last kill
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    prefix: str
+    inputs: dict[str, dict[str, Any]]  # run id -> input, in submission order
+    holds: dict[str, str]  # run id -> the tool whose call a SIGKILL interrupts
+
+    @classmethod
+    def make(cls, options: DemoOptions) -> Plan:
+        rng = random.Random(options.seed)
+        prefix = f"demo-{secrets.token_hex(2)}"  # fresh ids in a database used before
+        inputs = {}
+        for n in range(options.runs):
+            customer = f"{rng.choice(NAMES)}@example.com"
+            order, amount = f"o-{rng.randrange(1000, 10000)}", rng.choice((9, 12, 15, 19, 25))
+            inputs[f"{prefix}-{n:03d}"] = {"prompt": prompt_for(customer, order, amount)}
+        held = list(inputs)[: min(options.kills, options.runs)]
+        return cls(
+            prefix=prefix,
+            inputs=inputs,
+            holds={run: HOLDS[i % len(HOLDS)] for i, run in enumerate(held)},
         )
+
+
+def run_demo(options: DemoOptions, say: Say = click.echo) -> int:
+    """Play the demo; 0 when the audit holds, 1 otherwise (:class:`DemoError` when it
+    cannot start). Everything it started is stopped on the way out, Ctrl-C and SIGTERM
+    included; with ``keep`` a throwaway cluster is left running once the demo finished."""
+    _require_pydantic_ai()
+    plan = Plan.make(options)
+    with _sigterm_interrupts(), demo_database(options.database_url, say) as db:
+        upgrade(db.url)
+        provider = ProviderProcess()
         try:
-            return _play(db, provider, pool, runs, workers, kills, rng)
+            pool = WorkerPool(
+                db.url,
+                [FLOW_SPEC],
+                env={
+                    "RUNLEDGER_PROVIDER_URL": provider.url,
+                    HOLD_ENV: ",".join(f"{r}={t}" for r, t in plan.holds.items()),
+                },
+                args=WORKER_ARGS,
+            )
+            try:
+                elapsed, kills = _play(db.url, provider, pool, plan, options, say)
+                result = audit(db.url, plan.prefix, options.runs, provider.client.effects())
+                if not result.ok:
+                    _show_logs(pool)
+            except DemoError:
+                _show_logs(pool)
+                raise
+            finally:
+                pool.close()
         finally:
-            pool.close()
             provider.stop()
+        print_audit(result, elapsed, kills, say)
+        print_paused(result.unknown, say)
+        if options.keep and db.throwaway:
+            if db.backend == "docker":  # testcontainers removes it when this process ends
+                say("\n--keep: a Docker container cannot outlive the demo; use local PostgreSQL.")
+            else:
+                db.keep()
+        _footer(db, [u.command for u in result.unknown], [u.run_id for u in result.unknown], say)
+        return 0 if result.ok else 1
 
 
 def _play(
-    db: str,
-    provider: ProviderProcess,
-    pool: WorkerPool,
-    runs: int,
-    workers: int,
-    kills: int,
-    rng: random.Random,
-) -> int:
-    provider.client.configure(latency=0.1)
+    url: str, provider: ProviderProcess, pool: WorkerPool, plan: Plan, o: DemoOptions, say: Say
+) -> tuple[float, int]:
+    """Submit, kill, restart, wait: the seconds from the first submission until every run
+    settled (succeeded, paused, failed or cancelled), and the SIGKILLs that landed."""
+    provider.client.configure(latency=0.02)  # a provider that takes a moment to answer
     started = time.monotonic()
-    with psycopg.connect(db, autocommit=True) as conn:
-        prefix = f"demo-{int(time.time())}"
-        for n in range(runs):
-            conn.execute(
-                "SELECT * FROM runledger.submit_run(%s, 'ticket-triage', '1', %s)",
-                (
-                    f"{prefix}-{n:03d}",
-                    Jsonb({"title": f"Login fails #{n}", "notify": "ops@example.com"}),
-                ),
-            )
-        pool.start(workers)
-        click.echo(f"submitted {runs} runs, started {workers} workers", err=True)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for run_id, payload in plan.inputs.items():
+            if run_id not in plan.holds:
+                _submit(conn, run_id, payload, priority=0)
+        pool.start(o.workers)
+        say(
+            f"{o.runs} runs of {FLOW}@1, a Pydantic AI agent (scripted FunctionModel, no network)"
+            f" that calls\n  create_ticket (idempotent), charge (lookup), send_email (unsafe), "
+            f"then answers; {o.workers} workers"
+        )
+        kills = 0
+        for run_id, tool in plan.holds.items():
+            # submitted now, first in line: no earlier kill can have touched it
+            _submit(conn, run_id, plan.inputs[run_id], priority=1)
+            kills += _kill_mid_call(conn, provider, pool, run_id, tool, say)
 
-        def settled() -> int:
+        def settled() -> bool:
             row = conn.execute(
                 "SELECT count(*) FROM runledger.runs WHERE run_id LIKE %s "
-                "AND status IN ('succeeded', 'paused', 'failed')",
-                (f"{prefix}-%",),
+                "AND status IN ('succeeded', 'paused', 'failed', 'cancelled')",
+                (f"{plan.prefix}-%",),
             ).fetchone()
-            return int(row[0]) if row else 0
+            return row is not None and int(row[0]) == o.runs
 
-        for _ in range(kills):
-            wait_for(
-                lambda: conn.execute(
-                    "SELECT 1 FROM runledger.run_calls "
-                    "WHERE run_id LIKE %s AND status = 'dispatched'",
-                    (f"{prefix}-%",),
-                ).fetchone(),
-                timeout=60,
-                what="a call in flight",
-            )
-            victim = rng.randrange(workers)
-            pool.kill(victim)
-            click.echo(f"SIGKILL worker w{victim} with calls in flight; restarting it", err=True)
-            pool.restart(victim)
-        wait_for(lambda: settled() == runs, timeout=300, interval=0.1, what="all runs settled")
-        elapsed = time.monotonic() - started
-        return _audit(conn, db, prefix, provider, runs, elapsed)
+        try:
+            wait_for(settled, timeout=o.timeout, interval=0.1, what="every run settled")
+        except AssertionError:
+            say(f"timed out after {o.timeout:.0f} s: some runs neither succeeded nor paused")
+    return time.monotonic() - started, kills
 
 
-def _audit(
+def _kill_mid_call(
     conn: psycopg.Connection[Any],
-    db: str,
-    prefix: str,
     provider: ProviderProcess,
-    runs: int,
-    elapsed: float,
+    pool: WorkerPool,
+    run_id: str,
+    tool: str,
+    say: Say,
+    timeout: float = 60.0,
 ) -> int:
-    like = f"{prefix}-%"
-    statuses = dict(
-        conn.execute(
-            "SELECT status, count(*) FROM runledger.runs WHERE run_id LIKE %s GROUP BY 1", (like,)
-        ).fetchall()
-    )
-    takeovers = conn.execute(
-        "SELECT count(*) FROM runledger.run_events WHERE run_id LIKE %s AND kind = 'takeover'",
-        (like,),
-    ).fetchone()
-    unknown = conn.execute(
-        "SELECT idempotency_key FROM runledger.effect_ledger WHERE run_id LIKE %s "
-        "AND status = 'unknown' ORDER BY 1",
-        (like,),
-    ).fetchall()
-    effects = Counter(e["key"] for e in provider.client.effects() if e["key"].startswith(prefix))
-    duplicated = sorted(k for k, n in effects.items() if n > 1)
-    missing = [
-        k
-        for (k,) in conn.execute(
-            "SELECT idempotency_key FROM runledger.run_calls WHERE run_id LIKE %s "
-            "AND status = 'succeeded'",
-            (like,),
-        ).fetchall()
-        if effects[k] != 1
-    ]
+    """SIGKILL the worker whose ``tool`` call of ``run_id`` the provider holds (the effect
+    done, the reply not sent), release the call, restart the worker; 1 if it was killed."""
+    gate = f"hold:{run_id}:{TURN[tool]}:c0"
+    try:
+        provider.client.wait_for_held(gate, timeout=timeout)
+    except AssertionError:
+        raise DemoError(f"{run_id} did not reach its {tool} call within {timeout:.0f} s") from None
+    workers = {pool.worker_id(i): i for i in range(len(pool.procs))}
+    deadline = time.monotonic() + timeout
+    while True:
+        row = conn.execute(
+            "SELECT status, lease_owner FROM runledger.runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        status, owner = (str(row[0]), row[1]) if row else ("missing", None)
+        victim = workers.get(str(owner)) if status == "running" else None
+        if victim is not None and pool.alive(victim):
+            break
+        if status not in ("running", "queued"):  # its lease ran out first: a busy machine
+            say(f"{run_id} was {status} before its SIGKILL (its lease ran out); no kill")
+            provider.client.open_gate(gate)
+            return 0
+        if time.monotonic() > deadline:
+            raise DemoError(f"no live worker held {run_id} within {timeout:.0f} s")
+        time.sleep(0.02)
+    pool.kill(victim)
+    say(f"SIGKILL {owner} mid-call: {run_id} {WHILE[tool]}, reply not back yet); restarted")
+    provider.client.open_gate(gate)
+    pool.restart(victim)
+    return 1
 
-    click.echo(f"\n{runs} runs in {elapsed:.1f} s: {statuses}")
-    click.echo(f"takeovers after SIGKILL: {takeovers[0] if takeovers else 0}")
-    click.echo(
-        f"effects at the provider: {sum(effects.values())} for {len(effects)} keys; "
-        f"duplicated: {len(duplicated)}"
+
+def _submit(
+    conn: psycopg.Connection[Any], run_id: str, payload: dict[str, Any], priority: int
+) -> None:
+    conn.execute(
+        "SELECT * FROM runledger.submit_run(%s, %s, '1', %s, %s)",
+        (run_id, FLOW, Jsonb(payload), priority),
     )
-    click.echo(f"succeeded calls without their effect: {len(missing)}")
-    for (key,) in unknown:
-        click.echo(
-            f"  unknown (e-mail may or may not have gone out): {key}"
-            f" -> runledger resolve {key} applied|not_applied|abandoned"
+
+
+def _footer(db: DemoDatabase, commands: list[str], runs: list[str], say: Say) -> None:
+    if not db.throwaway:
+        if commands:
+            say("\nThe runs are in your database (RUNLEDGER_DATABASE_URL): resolve them there.")
+        return
+    if not db.kept:
+        if commands:
+            say(
+                "\n(The throwaway database is gone now: `runledger demo --keep` leaves it running.)"
+            )
+        return
+    say("\nThe database is still running (--keep). In a shell:")
+    quoted = db.url.replace("'", "'\\''")  # a shell word, whatever the URL holds
+    say(f"  export RUNLEDGER_DATABASE_URL='{quoted}'")
+    if commands:
+        say(f"  runledger status {runs[0]}")
+        say(f"  {commands[0]}")
+        say(f"  runledger worker --flows {FLOW_SPEC}    # finishes the run (Ctrl-C to stop)")
+    else:
+        say("  runledger audit")
+    if db.directory:
+        say(f"Stop it when done: runledger demo --stop {db.directory}")
+    else:
+        say(f"Drop it when done: DROP DATABASE {db.url.rsplit('/', 1)[1].split('?')[0]}")
+
+
+def _require_pydantic_ai() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("pydantic_ai") is None:
+        raise DemoError(
+            "the demo's agent needs Pydantic AI: pip install 'runledger-pg[pydantic-ai]'"
         )
-    from runledger.audit import run_checks
 
-    broken = [f.check.name for f in run_checks(db) if not f.ok]
-    click.echo(f"invariant checks (runledger audit): {broken or 'all ok'}")
-    ok = not duplicated and not missing and not broken and set(statuses) <= {"succeeded", "paused"}
-    click.echo("audit: OK" if ok else "audit: FAILED")
-    return 0 if ok else 1
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the ``finally`` blocks stop what the demo started."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _show_logs(pool: WorkerPool, lines: int = 20) -> None:
+    for i in range(len(pool.procs)):
+        tail = pool.log(i).splitlines()[-lines:]
+        if tail:
+            click.echo(f"--- worker {pool.worker_id(i)} (last {len(tail)} log lines)", err=True)
+            click.echo("\n".join(tail), err=True)

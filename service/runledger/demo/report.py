@@ -1,0 +1,214 @@
+"""The demo's audit: the journal against the provider's own record of what happened.
+
+It holds when no idempotency key took effect twice at the provider, every succeeded call
+has its effect there, every run succeeded or paused (and every paused run waits on
+an ``unknown`` call), and every check of ``runledger audit`` passes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from runledger.demo import SAFETY
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolLine:
+    tool: str
+    calls: int
+    sends: int
+    effects: int
+    duplicated: int
+    looked_up: int  # found by the lookup after a crash (not sent again)
+    unknown: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unknown:
+    run_id: str
+    key: str
+    tool: str
+    to: str
+    effects: int  # the provider's effects under the key: what a person would check
+
+    @property
+    def resolution(self) -> str:
+        return "applied" if self.effects else "not_applied"
+
+    @property
+    def command(self) -> str:
+        return f"runledger resolve {self.key} {self.resolution}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Audit:
+    runs: int
+    statuses: dict[str, int]
+    takeovers: int
+    tools: list[ToolLine]
+    missing: list[str]  # succeeded calls without an effect at the provider
+    duplicated: list[str]  # keys that took effect more than once
+    unknown: list[Unknown]
+    paused_without_unknown: list[str]
+    failed: dict[str, Any]
+    broken_checks: list[str]
+    sample: tuple[str, Any] | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.missing
+            or self.duplicated
+            or self.paused_without_unknown
+            or self.broken_checks
+            or set(self.statuses) - {"succeeded", "paused"}
+            or sum(self.statuses.values()) != self.runs
+        )
+
+
+def audit(url: str, prefix: str, runs: int, effects: Sequence[dict[str, Any]]) -> Audit:
+    """The demo's runs (ids ``{prefix}-*``) against ``effects``, the provider's record."""
+    from runledger.audit import run_checks
+
+    like = f"{prefix}-%"
+    per_key = Counter(str(e["key"]) for e in effects if str(e["key"]).startswith(prefix + "-"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        statuses = {
+            str(s): int(n)
+            for s, n in conn.execute(
+                "SELECT status, count(*) FROM runledger.runs WHERE run_id LIKE %s GROUP BY 1",
+                (like,),
+            ).fetchall()
+        }
+        row = conn.execute(
+            "SELECT count(*) FROM runledger.run_events WHERE run_id LIKE %s AND kind = 'takeover'",
+            (like,),
+        ).fetchone()
+        takeovers = int(row[0]) if row else 0
+        calls = conn.execute(
+            "SELECT run_id, tool, idempotency_key, status, attempts, receipt IS NOT NULL, args "
+            "FROM runledger.run_calls WHERE run_id LIKE %s ORDER BY run_id, turn, position",
+            (like,),
+        ).fetchall()
+        paused = [
+            str(r)
+            for (r,) in conn.execute(
+                "SELECT run_id FROM runledger.runs WHERE run_id LIKE %s AND status = 'paused' "
+                "ORDER BY run_id",
+                (like,),
+            ).fetchall()
+        ]
+        failed: dict[str, Any] = dict(
+            conn.execute(
+                "SELECT run_id, error FROM runledger.runs WHERE run_id LIKE %s "
+                "AND status NOT IN ('succeeded', 'paused') ORDER BY run_id",
+                (like,),
+            ).fetchall()
+        )
+        sample = conn.execute(
+            "SELECT run_id, result FROM runledger.runs WHERE run_id LIKE %s "
+            "AND status = 'succeeded' ORDER BY run_id LIMIT 1",
+            (like,),
+        ).fetchone()
+    tools = []
+    for tool in SAFETY:
+        mine = [c for c in calls if c[1] == tool]
+        keys = [str(c[2]) for c in mine]
+        tools.append(
+            ToolLine(
+                tool=tool,
+                calls=len(mine),
+                sends=sum(int(c[4]) for c in mine),
+                effects=sum(per_key[k] for k in keys),
+                duplicated=sum(per_key[k] > 1 for k in keys),
+                looked_up=sum(bool(c[5]) for c in mine),
+                unknown=sum(c[3] == "unknown" for c in mine),
+            )
+        )
+    unknown = [
+        Unknown(
+            run_id=str(c[0]),
+            key=str(c[2]),
+            tool=str(c[1]),
+            to=str((c[6] or {}).get("to", "")),
+            effects=per_key[str(c[2])],
+        )
+        for c in calls
+        if c[3] == "unknown"
+    ]
+    with_unknown = {u.run_id for u in unknown}
+    return Audit(
+        runs=runs,
+        statuses=statuses,
+        takeovers=takeovers,
+        tools=tools,
+        missing=[str(c[2]) for c in calls if c[3] == "succeeded" and not per_key[str(c[2])]],
+        duplicated=sorted(k for k, n in per_key.items() if n > 1),
+        unknown=unknown,
+        paused_without_unknown=[r for r in paused if r not in with_unknown],
+        failed=failed,
+        broken_checks=[f.check.name for f in run_checks(url) if not f.ok],
+        sample=(str(sample[0]), sample[1]) if sample else None,
+    )
+
+
+def print_audit(a: Audit, elapsed: float, kills: int, say: Callable[[str], None]) -> None:
+    order = ("succeeded", "paused", "failed", "cancelled", "running", "queued")
+    counts = ", ".join(f"{a.statuses[s]} {s}" for s in order if a.statuses.get(s))
+    say(f"\n{a.runs} runs in {elapsed:.1f} s: {counts or 'none'}")
+    say(f"{kills} SIGKILLs mid-call; {a.takeovers} runs taken over by another worker")
+    say(f"  {'tool':<15}{'safety':<12}{'calls':>5}{'sends':>7}{'effects':>9}{'twice':>7}")
+    for t in a.tools:
+        say(
+            f"  {t.tool:<15}{SAFETY[t.tool]:<12}{t.calls:>5}{t.sends:>7}{t.effects:>9}"
+            f"{t.duplicated:>7}  {_note(t)}"
+        )
+    say(f"succeeded calls without their effect at the provider: {len(a.missing)}")
+    say(f"invariant checks (runledger audit): {', '.join(a.broken_checks) or 'all ok'}")
+    for run_id, error in a.failed.items():
+        say(f"  not succeeded or paused: {run_id} {error}")
+    for run_id in a.paused_without_unknown:
+        say(f"  paused without an unknown call: {run_id}")
+    say("audit: OK" if a.ok else "audit: FAILED")
+    if a.sample:
+        say(f"\nthe agent's answer ({a.sample[0]}): {a.sample[1]}")
+
+
+def _note(t: ToolLine) -> str:
+    if t.duplicated:
+        return f"{t.duplicated} key(s) took effect twice"
+    if t.tool == "create_ticket":
+        again = t.sends - t.calls
+        return f"{again} sent again after a crash, deduplicated by key" if again else ""
+    if t.tool == "charge":
+        return f"{t.looked_up} found by lookup after a crash, not sent again" if t.looked_up else ""
+    return f"{t.unknown} unknown: paused for a person" if t.unknown else ""
+
+
+def print_paused(unknown: Sequence[Unknown], say: Callable[[str], None]) -> None:
+    if not unknown:
+        return
+    runs = len({u.run_id for u in unknown})
+    plural = "s" if runs > 1 else ""
+    if all(u.tool == "send_email" for u in unknown):
+        say(
+            f"\n{runs} run{plural} paused on an email a worker was sending when it died: "
+            "runledger\nnever sends an unsafe call twice by itself. Check the provider, then "
+            "tell runledger:"
+        )
+    else:
+        say(
+            f"\n{runs} run{plural} paused on calls nobody knows the outcome of. Check the provider:"
+        )
+    for u in unknown:
+        what = f"the email to {u.to}" if u.tool == "send_email" else f"the {u.tool} call"
+        seen = f"the provider has {what}" if u.effects else f"the provider never got {what}"
+        say(f"  {u.run_id}: {seen}, so")
+        say(f"    {u.command}")
+    say("  (or not_applied: send it again under the same key; abandoned: give up on it)")

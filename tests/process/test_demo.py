@@ -1,0 +1,213 @@
+"""``runledger demo`` as a user runs it: a real subprocess, its own throwaway cluster.
+
+The demo must end with its audit holding and at least one run paused on an ``unknown``
+email; the commands it prints with ``--keep`` must work when pasted into a shell (the
+resolve requeues the run, the printed worker finishes it, the printed stop removes the
+cluster); Ctrl-C must leave nothing behind. Each demo gets a private ``TMPDIR``, so what
+it leaves there is exactly what it failed to clean up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from runledger.testing import wait_for
+
+pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.timeout(240)]
+
+BIN = str(Path(sys.executable).parent)  # where `runledger` is, for the pasted commands
+TOOLS = ("create_ticket", "charge", "send_email")
+
+
+@pytest.fixture
+def tmpdir_env() -> Iterator[tuple[Path, dict[str, str]]]:
+    """A private TMPDIR (traversable by the postgres user when run as root) and an
+    environment without any RUNLEDGER_* or DATABASE_URL: the demo picks its own cluster."""
+    base = Path(tempfile.mkdtemp(prefix="runledger-demo-test-"))
+    base.chmod(0o755)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RUNLEDGER_") and k != "DATABASE_URL"
+    }
+    env.update(
+        TMPDIR=str(base),
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONUNBUFFERED="1",  # the demo's lines as they happen
+        COLUMNS="200",
+    )
+    try:
+        yield base, env
+    finally:
+        from runledger.demo.cluster import stop_cluster
+
+        for left in base.glob("runledger-pg-*"):  # a failed test must not leave a cluster
+            stop_cluster(str(left))
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def sh(script: str, env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-euc", script], env=env, capture_output=True, text=True, timeout=60, **kwargs
+    )
+
+
+def test_demo_keep_prints_commands_that_work(tmpdir_env: tuple[Path, dict[str, str]]) -> None:
+    base, env = tmpdir_env
+    demo = subprocess.run(
+        [sys.executable, "-m", "runledger", "demo", "--runs", "12", "--keep"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = demo.stdout
+    assert demo.returncode == 0, f"{out}\n{demo.stderr}"
+    assert "audit: OK" in out
+    assert "succeeded calls without their effect at the provider: 0" in out
+    assert "invariant checks (runledger audit): all ok" in out
+    assert len(re.findall(r"^SIGKILL w\d mid-call: ", out, re.M)) == 3
+    summary = re.search(r"^12 runs in [\d.]+ s: (\d+) succeeded, (\d+) paused$", out, re.M)
+    assert summary, out
+    assert int(summary[1]) + int(summary[2]) == 12 and int(summary[2]) >= 1
+    for tool in TOOLS:  # tool, safety, calls, sends, effects, effects twice
+        row = re.search(rf"^  {tool} +\w+ +(\d+) +(\d+) +(\d+) +(\d+)", out, re.M)
+        assert row, f"no line for {tool}:\n{out}"
+        assert int(row[1]) == 12 and int(row[4]) == 0, row[0]
+    # the first run's email was held at the provider when its worker died: it went out
+    held = re.search(
+        r"^  (demo-[0-9a-f]{4}-000): the provider has the email to \S+, so$", out, re.M
+    )
+    assert held, out
+    run_id = held[1]
+    resolve = f"runledger resolve {run_id}:2:c0 applied"
+    assert f"\n    {resolve}\n" in out
+
+    lines = out.splitlines()
+    keep = lines.index("The database is still running (--keep). In a shell:")
+    export, status, pasted, worker = (line.strip() for line in lines[keep + 1 : keep + 5])
+    stop = lines[keep + 5]
+    url = re.fullmatch(r"export RUNLEDGER_DATABASE_URL='(.+)'", export)
+    assert url, export
+    assert pasted == resolve and status == f"runledger status {run_id}"
+    assert worker.startswith("runledger worker --flows runledger.demo.agent:flow")
+    directory = re.fullmatch(r"Stop it when done: runledger demo --stop (\S+)", stop)
+    assert directory and Path(directory[1]).parent == base, stop
+
+    with psycopg.connect(url[1], autocommit=True) as conn:
+
+        def run() -> tuple[str, Any]:
+            row = conn.execute(
+                "SELECT status, result FROM runledger.runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            assert row is not None
+            return str(row[0]), row[1]
+
+        def email() -> tuple[str, str | None]:
+            row = conn.execute(
+                "SELECT status, resolved_by FROM runledger.run_calls WHERE idempotency_key = %s",
+                (f"{run_id}:2:c0",),
+            ).fetchone()
+            assert row is not None
+            return str(row[0]), row[1]
+
+        assert run()[0] == "paused" and email() == ("unknown", None)
+        shown = sh(f"{export}\n{status}", env)
+        assert shown.returncode == 0 and "unknown" in shown.stdout, shown.stderr
+        resolved = sh(f"{export}\n{pasted}", env)
+        assert resolved.returncode == 0, resolved.stderr
+        assert resolved.stdout.strip() == f"{run_id}:2:c0 resolved as applied"
+        assert run()[0] == "queued" and email()[0] == "succeeded" and email()[1]
+
+        finisher = subprocess.Popen(
+            ["bash", "-euc", f"{export}\nexec {worker}"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            _, result = wait_for(
+                lambda: (r := run())[0] == "succeeded" and r, timeout=60, what="the run finished"
+            )
+        finally:
+            finisher.terminate()
+            finisher.wait(timeout=30)
+        assert re.fullmatch(
+            r"o-\d+: ticket T-\d+, charged \d+ EUR \(ch-\d+\), emailed \S+\.", result
+        )
+
+    stopped = sh(stop.removeprefix("Stop it when done: "), env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not Path(directory[1]).exists()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url[1], connect_timeout=3).close()
+
+
+def test_ctrl_c_stops_everything(tmpdir_env: tuple[Path, dict[str, str]]) -> None:
+    base, env = tmpdir_env
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "runledger", "demo", "--runs", "40"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # interrupted mid-story: workers, provider, cluster all up
+            if line.startswith("SIGKILL "):
+                break
+        assert len(_started_by(base)) >= 4  # the postmaster, the provider, workers
+        os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 1 and err.strip().endswith("aborted"), err
+    assert not list(base.iterdir())  # no cluster, no worker logs, no provider log
+    wait_for(lambda: not _started_by(base), timeout=10, what="no process of the demo left")
+
+
+def test_stop_refuses_a_directory_that_is_not_a_demo_cluster(tmp_path: Path) -> None:
+    (tmp_path / "keep-me").write_text("x")
+    done = subprocess.run(
+        [sys.executable, "-m", "runledger", "demo", "--stop", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "not a cluster left by" in done.stderr
+    assert (tmp_path / "keep-me").exists()
+
+
+def _started_by(base: Path) -> list[int]:
+    """Live processes whose environment has ``TMPDIR=base``: everything the demo started."""
+    mark = f"TMPDIR={base}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark in environ.read_bytes().split(b"\0") and not _zombie(environ.parent):
+                found.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def _zombie(proc: Path) -> bool:
+    return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
