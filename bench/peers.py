@@ -1,0 +1,165 @@
+"""runledger next to Absurd and DBOS: tool calls/s, transactions, CPU and latency per call.
+
+    .venv/bin/python bench/peers.py [--reps 3] [--runs 1000] \
+        [--systems runledger,absurd,dbos] [--json out.json]
+
+The workload is an agent run of 3 turns x 3 no-op tool calls (9 calls), then an empty
+decision; for Absurd a task of 9 ``ctx.step`` calls, for DBOS a workflow of 9
+``@DBOS.step`` calls. Everything runs on one dedicated throwaway cluster with fsync on
+(local binaries, ``--pg-bin``), each system in its own fresh database per rep; the reps
+interleave the systems (rep 1: runledger, absurd, dbos; rep 2: ...). In each rep and
+for each system: ``--runs`` runs are submitted, then the workers start (throughput);
+then, on another fresh database, ``--seq-runs`` runs through 1 worker with concurrency 1
+(sequential latency). See bench/README.md for what each column measures.
+
+Needs the ``[bench]`` extra (absurd-sdk, absurdctl, dbos); installs nothing itself.
+Data (a markdown table) on stdout, progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import background_load, load_note, say, shielded, stop_on_sigterm
+from peers.cluster import DEFAULT_BIN, SETTINGS, durable_cluster
+from peers.harness import Batch, Side, measure
+from peers.report import render, summarize
+
+SYSTEMS = ("runledger", "absurd", "dbos")
+NEEDS = {"absurd": "absurd_sdk", "dbos": "dbos"}  # the [bench] extra
+
+
+def make_side(name: str, args: argparse.Namespace) -> Side:
+    if name == "runledger":
+        from peers.rl_side import Runledger
+
+        return Runledger(args.rl_workers, args.rl_concurrency)
+    if name == "absurd":
+        from peers.absurd_side import AbsurdSide
+
+        return AbsurdSide(args.absurd_workers, args.absurd_concurrency)
+    from peers.dbos_side import DbosSide
+
+    return DbosSide(args.dbos_concurrency, args.dbos_poll_seconds)
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for dist in ("runledger-pg", "absurd-sdk", "dbos", "psycopg"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--reps", type=int, default=3, help="repetitions (default 3)")
+    ap.add_argument("--runs", type=int, default=1000, help="runs per throughput batch (1000)")
+    ap.add_argument("--seq-runs", type=int, default=30, help="runs of the sequential batch (30)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="default runledger,absurd,dbos")
+    ap.add_argument("--json", type=Path, help="also write every batch and the summary here")
+    ap.add_argument("--rl-workers", type=int, default=2, help="runledger workers (2)")
+    ap.add_argument("--rl-concurrency", type=int, default=8, help="runledger --concurrency (8)")
+    ap.add_argument("--absurd-workers", type=int, default=2, help="Absurd workers (2)")
+    ap.add_argument(
+        "--absurd-concurrency", type=int, default=1, help="Absurd start_worker concurrency (1)"
+    )
+    ap.add_argument(
+        "--dbos-concurrency", type=int, default=4, help="DBOS queue worker_concurrency (4)"
+    )
+    ap.add_argument(
+        "--dbos-poll-seconds", type=float, default=0.01, help="DBOS queue polling interval (0.01)"
+    )
+    ap.add_argument("--sample-seconds", type=float, default=0.1, help="progress/CPU sampling")
+    ap.add_argument("--pg-bin", type=Path, default=DEFAULT_BIN, help=f"default {DEFAULT_BIN}")
+    args = ap.parse_args(argv)
+    names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for n in names:
+        if n not in SYSTEMS:
+            ap.error(f"unknown system {n!r}; choose from {', '.join(SYSTEMS)}")
+    if args.reps < 1 or args.runs < 10 or args.seq_runs < 2:
+        ap.error("--reps >= 1, --runs >= 10 and --seq-runs >= 2")
+    missing = [m for n, m in NEEDS.items() if n in names and importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"error: {', '.join(missing)} not installed: pip install -e '.[bench]'", file=sys.stderr
+        )
+        return 2
+    sides = [make_side(n, args) for n in names]
+    stop_on_sigterm()
+    before = background_load()
+    started = time.monotonic()
+    batches: list[Batch] = []
+    with durable_cluster(args.pg_bin) as cluster:
+        say(f"PostgreSQL {cluster.version}, throwaway cluster in {cluster.pgdata} (fsync on)")
+        for side in sides:
+            say(f"preparing {side.name} ...")
+            side.prepare(cluster)
+        for rep in range(1, args.reps + 1):
+            for side in sides:
+                say(f"rep {rep}/{args.reps}: {side.name}, {args.runs} runs ...")
+                batches.append(
+                    measure(side, cluster, rep=rep, runs=args.runs, sequential=False,
+                            sample_seconds=args.sample_seconds)
+                )  # fmt: skip
+                batches.append(
+                    measure(side, cluster, rep=rep, runs=args.seq_runs, sequential=True,
+                            sample_seconds=args.sample_seconds / 2)
+                )  # fmt: skip
+        version = cluster.version
+    summary = summarize(batches, names)
+    meta: dict[str, Any] = {
+        "postgres": version,
+        "cluster": list(SETTINGS),
+        "cpus": os.cpu_count(),
+        "busy_before": before,
+        "reps": args.reps,
+        "runs": args.runs,
+        "seq_runs": args.seq_runs,
+        "versions": versions(),
+    }
+    print()
+    print(
+        f"{args.reps} reps x {args.runs} runs (9 tool calls each) per system, interleaved; "
+        f"PostgreSQL {version}, dedicated throwaway cluster, fsync on; {os.cpu_count()} CPUs; "
+        f"{load_note(before)}"
+    )
+    print(render(summary))
+    print()
+    print(
+        "medians over the reps, [min-max]; calls/s between 10 % and 90 % of the calls "
+        "completed, from the database's timestamps; vs runledger = median of each rep's "
+        "calls/s over runledger's in the same rep; xact/call = pg_stat_database "
+        "commits + rollbacks of the system's database / calls; CPU = worker processes + "
+        "the whole cluster, between 10 % and 90 %; sequential = 1 worker, concurrency 1, "
+        f"{args.seq_runs} runs, the median time from one run's last call to the next's / 9; "
+        "other jobs = cores busy with "
+        "processes outside the benchmark (well above 0: noisy numbers, trust the ratios)."
+    )
+    if args.json:
+        with shielded():
+            args.json.write_text(
+                json.dumps(
+                    {"meta": meta, "summary": summary, "batches": [b.as_dict() for b in batches]},
+                    indent=2,
+                )
+            )
+        say(f"wrote {args.json}")
+    say(f"total {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The peer benchmark's table (medians, [min-max], same-rep ratios) and its JSON."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from _common import table
+from peers.harness import Batch
+
+
+def _med(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    med = format(_med(values), fmt)
+    if len(values) == 1:
+        return med
+    return f"{med} [{format(min(values), fmt)}-{format(max(values), fmt)}]"
+
+
+def summarize(batches: Sequence[Batch], systems: Sequence[str]) -> list[dict[str, Any]]:
+    """One summary per system; ratios pair each rep's throughput with runledger's."""
+    base = {b.rep: b.calls_per_s for b in batches if b.system == "runledger" and
+            b.kind == "throughput"}  # fmt: skip
+    out = []
+    for name in systems:
+        tp = [b for b in batches if b.system == name and b.kind == "throughput"]
+        seq = [b for b in batches if b.system == name and b.kind == "sequential"]
+        ratios = [b.calls_per_s / base[b.rep] for b in tp if b.rep in base]
+        out.append(
+            {
+                "system": name,
+                "setup": tp[0].setup if tp else "",
+                "sequential_setup": seq[0].setup if seq else "",
+                "reps": len(tp),
+                "calls_per_s": [b.calls_per_s for b in tp],
+                "ratio_to_runledger": ratios,
+                "xact_per_call": [b.xact_per_call for b in tp],
+                "worker_ms_per_call": [b.worker_ms_per_call for b in tp],
+                "postgres_ms_per_call": [b.postgres_ms_per_call for b in tp],
+                "cpu_ms_per_call": [b.worker_ms_per_call + b.postgres_ms_per_call for b in tp],
+                "sequential_ms_per_call": [b.cycle_ms_per_call for b in seq],
+                "other_cores": [b.other_cores for b in tp],
+            }
+        )
+    return out
+
+
+def render(summary: Sequence[dict[str, Any]]) -> str:
+    rows = []
+    for s in summary:
+        cpu = (
+            f"{_med(s['cpu_ms_per_call']):.2f} ({_med(s['worker_ms_per_call']):.2f} + "
+            f"{_med(s['postgres_ms_per_call']):.2f})"
+            if s["cpu_ms_per_call"]
+            else "-"
+        )
+        ratio = "1.00x" if s["system"] == "runledger" else _span(s["ratio_to_runledger"], ".2f")
+        if s["system"] != "runledger" and s["ratio_to_runledger"]:
+            ratio = ratio.replace(" [", "x [") if "[" in ratio else ratio + "x"
+        rows.append(
+            [
+                s["system"],
+                s["setup"],
+                _span(s["calls_per_s"], ",.0f"),
+                ratio,
+                f"{_med(s['xact_per_call']):.2f}" if s["xact_per_call"] else "-",
+                cpu,
+                _span(s["sequential_ms_per_call"], ".2f"),
+                f"{_med(s['other_cores']):.2f}" if s["other_cores"] else "-",
+            ]
+        )
+    return table(
+        [
+            "system",
+            "setup",
+            "tool calls/s",
+            "vs runledger (same rep)",
+            "xact/call",
+            "CPU ms/call (worker + PostgreSQL)",
+            "sequential ms/call",
+            "other jobs cores",
+        ],
+        rows,
+    )
