@@ -254,3 +254,41 @@ def test_refusals_are_one_line(
     assert (exit_.value.code, out) == (code, ""), err
     [line] = err.splitlines()
     assert message in line and "Traceback" not in err, line
+
+
+# -- a decision whose acknowledgement was lost is read back, never sent twice ---------------
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["ack-lost", "not-sent"])
+@pytest.mark.parametrize("decision", ["approve_call", "deny_call"])
+async def test_a_decision_is_read_back_after_a_lost_connection(
+    store: Any, admin_conn: Any, decision: str, landed: bool
+) -> None:
+    from tests.integration.test_store_ambiguous_commit import (
+        KEY,
+        RUN,
+        FlakyStore,
+        lease_of,
+        leased,
+    )
+
+    claim = await leased(store)
+    await store.record_turn(*lease_of(claim), 0, [{"call_id": "c1", "tool": "t", "approval": True}])
+    await store.finish_run(*lease_of(claim), "paused", None, "awaits approval")
+    flaky = FlakyStore(store.pool, f"SELECT runledger.{decision}(", landed=landed)
+    if decision == "approve_call":
+        await flaky.approve_call(KEY, actor="alice", note="ok")
+    else:
+        await flaky.deny_call(KEY, reason="no", actor="alice")
+    sent = [s for s in flaky.sent if s.startswith(f"SELECT runledger.{decision}(")]
+    assert len(sent) == (1 if landed else 2)  # read back, not sent again, when it landed
+    kind = "call_approved" if decision == "approve_call" else "call_denied"
+    found = admin_conn.execute(
+        "SELECT count(*) AS n FROM runledger.run_events WHERE run_id = %s AND kind = %s",
+        (RUN, kind),
+    ).fetchone()
+    assert found[0] == 1
+    status = admin_conn.execute(
+        "SELECT status FROM runledger.runs WHERE run_id = %s", (RUN,)
+    ).fetchone()
+    assert status[0] == "queued"
