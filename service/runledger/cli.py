@@ -28,9 +28,11 @@ from typing import Any
 import click
 
 from runledger import errors
+from runledger.cli_approvals import APPROVABLE, approval_lines, approve, deny, shown_status
 from runledger.cli_options import (
     CONTEXT,
     FiniteFloatRange,
+    _client,
     _database_url,
     _joined,
     _json_arg,
@@ -144,16 +146,6 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
     run_worker(w)
 
 
-def _client(database_url: str | None, connect_timeout: float | None) -> Any:
-    from runledger.client import Client
-
-    return Client(
-        _database_url(database_url),
-        actor=f"cli:{os.environ.get('USER', 'operator')}",
-        connect_timeout=connect_timeout,
-    )
-
-
 @main.command(context_settings=CONTEXT)
 @database_option
 @connect_option
@@ -243,7 +235,8 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
 
     Idempotency keys and the pause reason are printed whole, whatever the terminal's
     width; for each unknown call of a paused (or cancelled, or failed) run, the
-    `runledger resolve` line to run once you know what the provider did.
+    `runledger resolve` line to run once you know what the provider did; for each call
+    awaiting approval, the `runledger approve` and `runledger deny` lines.
     """
     with _client(database_url, connect_timeout) as client:
         run = client.get(run_id)
@@ -282,7 +275,7 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
             table.add_row(
                 Text(c.idempotency_key),
                 Text(c.tool),
-                Text(str(c.status)),
+                Text(shown_status(c)),
                 Text(str(c.attempts)),
                 Text(_shown(c.result)),
                 Text(_shown(c.receipt)),
@@ -293,6 +286,12 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
         line(f"{len(unknown)} unknown call(s): check the provider, then run one of")
         for c in unknown:
             line("  " + resolve_command(c.idempotency_key))
+    awaiting = [c for c in calls if c.approval == "pending" and c.status == "planned"]
+    if awaiting and run.status in APPROVABLE:
+        line(f"{len(awaiting)} call(s) await approval: run one of the two lines for each")
+        for c in awaiting:
+            for command in approval_lines(c.idempotency_key):
+                line("  " + command)
 
 
 @main.command(context_settings=CONTEXT)
@@ -370,6 +369,10 @@ def resolve(
     with _client(database_url, connect_timeout) as client:
         client.resolve(key, resolution, receipt_obj, note)
     click.echo(f"{key} resolved as {resolution}")
+
+
+main.add_command(approve)
+main.add_command(deny)
 
 
 @main.command(context_settings=CONTEXT)

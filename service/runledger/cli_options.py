@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -129,6 +130,23 @@ def _database_url(value: str | None) -> str:
         return connection_settings(value).require_database_url()
     except errors.ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
+
+
+def default_actor() -> str:
+    """Who an operator command acts as unless ``--actor`` says: ``cli:$USER``."""
+    return f"cli:{os.environ.get('USER', 'operator')}"
+
+
+def _client(
+    database_url: str | None, connect_timeout: float | None, actor: str | None = None
+) -> Any:
+    from runledger.client import Client
+
+    return Client(
+        _database_url(database_url),
+        actor=actor or default_actor(),
+        connect_timeout=connect_timeout,
+    )
 
 
 def _json_arg(option: str, text: str, *, obj: bool) -> Any:

@@ -169,6 +169,21 @@ class Client:
     ) -> None:
         self._run(self._store.resolve_call(key, resolution, receipt, self.actor, note))
 
+    def approve(self, key: str, note: str | None = None, *, actor: str | None = None) -> None:
+        """Approve a call awaiting approval (``approve_call``): the next holder sends it. A
+        paused run with nothing else awaiting a person is queued again. Raises
+        :class:`~runledger.errors.RunNotFound` (no such call),
+        :class:`~runledger.errors.InvalidTransition` (the call does not await approval, or
+        its run is running: wait until it pauses) or
+        :class:`~runledger.errors.InvalidInput`. ``actor`` defaults to the client's."""
+        self._run(self._store.approve_call(key, actor=actor or self.actor, note=note))
+
+    def deny(self, key: str, reason: str, *, actor: str | None = None) -> None:
+        """Deny a call awaiting approval (``deny_call``): it fails, never sent, and the
+        policy sees a failed call with error ``{"reason": "denied", "note": reason,
+        "actor": actor}``. Errors as :meth:`approve`; ``reason`` is required."""
+        self._run(self._store.deny_call(key, reason=reason, actor=actor or self.actor))
+
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         self._run(self._store.cancel_run(run_id, self.actor, reason))
 

@@ -32,12 +32,17 @@ class ToolCall:
     ``provider_id`` is the model's own id for this call (Anthropic ``tool_use.id``, OpenAI
     ``call_id``): it is kept with the turn only to map results back into the provider's
     messages, never used in an idempotency key (providers repeat ids across runs).
+
+    ``approval=True``: a person must approve this call before it is sent (as for every
+    call of a tool declared ``@flow.tool(..., approval=True)``); the run pauses until
+    ``runledger approve KEY`` or ``runledger deny KEY --reason ...``.
     """
 
     tool: str
     args: dict[str, Any] = field(default_factory=dict)
     call_id: str | None = None
     provider_id: str | None = None
+    approval: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +112,9 @@ class HistoryCall:
     result: Any
     error: Any
     provider_id: str | None = None  # the model's id for the call (ToolCall.provider_id)
+    # None: no approval needed; "approved"; "denied" (then status is "failed" and error
+    # is {"reason": "denied", "note": <the person's reason>, "actor": <who>})
+    approval: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +172,7 @@ class Tool(Generic[F]):
         timeout: float | None,
         max_attempts: int,
         parallel: bool | None = None,
+        approval: bool = False,
     ) -> None:
         self.fn = fn
         self.name = name
@@ -171,6 +180,7 @@ class Tool(Generic[F]):
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.parallel = parallel  # None: the flow's parallel_calls decides
+        self.approval = approval  # every call waits for a person before it is sent
         self.lookup_fn: LookupFn | None = None
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
@@ -246,6 +256,7 @@ class Flow:
         timeout: float | None = None,
         max_attempts: int = 3,
         parallel: bool | None = None,
+        approval: bool = False,
     ) -> Callable[[Callable[..., Any]], Tool[Any]]:
         """Register a tool: ``@flow.tool(safety="idempotent")``.
 
@@ -253,7 +264,13 @@ class Flow:
         bounds repeats with the same key where the safety class allows them.
         ``parallel`` overrides the flow's ``parallel_calls`` for this tool: whether its
         calls may run at the same time as the neighbouring calls of their turn.
+        ``approval=True``: every call of the tool is recorded awaiting a person's approval
+        and is not sent until approved (``runledger approve KEY``); a denied call
+        (``runledger deny KEY --reason ...``) is never sent and reaches the policy as a
+        failed call whose error says ``denied``.
         """
+        if not isinstance(approval, bool):
+            raise TypeError(f"approval must be True or False, got {approval!r}")
         try:
             klass = Safety(safety)
         except ValueError:
@@ -275,6 +292,7 @@ class Flow:
                 timeout=timeout,
                 max_attempts=max_attempts,
                 parallel=parallel,
+                approval=approval,
             )
             self.tools[tool_name] = t
             return t
@@ -311,7 +329,9 @@ class Flow:
         turn it into what ``record_turn_v2`` records.
 
         Call ids are runledger's: ``c<position>`` unless the policy gives a valid
-        ``call_id``; a ``provider_id`` is kept beside the call, never used as its id."""
+        ``call_id``; a ``provider_id`` is kept beside the call, never used as its id. A call
+        of a tool declared with ``approval=True``, or a ``ToolCall(..., approval=True)``,
+        carries ``"approval": true``."""
         record: dict[str, Any] | None = None
         output: Any = None
         if isinstance(decided, Decision):
@@ -351,6 +371,10 @@ class Flow:
                         f"provider id of call {position} must be 1-{MAX_PROVIDER_ID} characters"
                     )
                 entry["provider_id"] = pid
+            if not isinstance(call.approval, bool):
+                raise InvalidDecision(f"approval of call {position} must be True or False")
+            if call.approval or tool.approval:
+                entry["approval"] = True  # recorded pending: sent only once a person approves
             calls.append(entry)
         return Recordable(calls=calls, record=record, output=output)
 

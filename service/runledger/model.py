@@ -55,6 +55,14 @@ class CallStatus(StrEnum):
         return self in (CallStatus.SUCCEEDED, CallStatus.FAILED)
 
 
+class Approval(StrEnum):
+    """A call's human approval (``run_calls.approval``; ``None``: the call needs none)."""
+
+    PENDING = "pending"  # recorded with "approval": true; never dispatched until decided
+    APPROVED = "approved"  # dispatched like any call
+    DENIED = "denied"  # failed, never sent: error {reason: "denied", note, actor}
+
+
 class Outcome(StrEnum):
     """What ``complete_call`` records."""
 
@@ -174,6 +182,8 @@ class Call:
     dispatched_token: int | None
     completed_token: int | None
     provider_id: str | None = None  # the model's id for the call (never part of the key)
+    approval: Approval | None = None  # None: the call needs no approval
+    approval_by: str | None = None  # who approved or denied it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

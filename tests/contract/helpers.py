@@ -359,3 +359,44 @@ def paused_on_unknown(conn: Conn, lease: Lease, call_ids: Sequence[str] = ("c1",
         complete(conn, lease, k, "unknown", {"error": "timeout"})
     finish(conn, lease, "paused", reason="unknown outcome")
     return keys
+
+
+# -- approvals ------------------------------------------------------------------------
+
+
+def record_v2(
+    conn: Conn, lease: Lease, turn: int, calls: Any, record: Any = None, output: Any = None
+) -> None:
+    conn.execute(
+        "SELECT runledger.record_turn_v2(%s, %s, %s, %s, %s, %s, %s)",
+        (
+            lease.run_id,
+            lease.lease_id,
+            lease.token,
+            turn,
+            Jsonb(calls),
+            None if record is None else Jsonb(record),
+            None if output is None else Jsonb(output),
+        ),
+    )
+
+
+def approve(
+    conn: Conn, idempotency_key: str, actor: str | None = "alice", note: str | None = None
+) -> None:
+    conn.execute("SELECT runledger.approve_call(%s, %s, %s)", (idempotency_key, actor, note))
+
+
+def deny(
+    conn: Conn, idempotency_key: str, reason: str | None = "too risky", actor: str | None = "alice"
+) -> None:
+    conn.execute("SELECT runledger.deny_call(%s, %s, %s)", (idempotency_key, actor, reason))
+
+
+def paused_awaiting_approval(
+    conn: Conn, lease: Lease, call_ids: Sequence[str] = ("c1",), turn: int = 0
+) -> list[str]:
+    """Record ``turn`` with these calls, each needing approval, and pause the run."""
+    record_v2(conn, lease, turn, [{**call(c), "approval": True} for c in call_ids])
+    finish(conn, lease, "paused", reason="awaits approval")
+    return [key(lease.run_id, turn, c) for c in call_ids]

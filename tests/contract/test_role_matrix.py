@@ -347,7 +347,16 @@ WORKER_FUNCTIONS = {
     "register_worker",
     "heartbeat_worker",
 }
-OPERATOR_FUNCTIONS = {"now", "submit_run", "resolve_call", "cancel_run", "retry_run", "prune_runs"}
+OPERATOR_FUNCTIONS = {
+    "now",
+    "submit_run",
+    "resolve_call",
+    "approve_call",
+    "deny_call",
+    "cancel_run",
+    "retry_run",
+    "prune_runs",
+}
 
 
 def may_execute(role: str, name: str) -> bool:

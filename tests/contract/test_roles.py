@@ -39,6 +39,8 @@ TABLE_WRITES = {
 
 OPERATOR_CALLS = {
     "resolve_call": "SELECT runledger.resolve_call('r1:0:c1', 'applied', '{}', 'me', NULL)",
+    "approve_call": "SELECT runledger.approve_call('r1:0:c1', 'me', NULL)",
+    "deny_call": "SELECT runledger.deny_call('r1:0:c1', 'me', 'no')",
     "cancel_run": "SELECT runledger.cancel_run('r1', 'me', NULL)",
     "retry_run": "SELECT runledger.retry_run('r1', 'me')",
     "prune_runs": "SELECT runledger.prune_runs(now(), false)",
@@ -173,6 +175,8 @@ CONTRACT_FUNCTIONS = [
     "register_worker",
     "heartbeat_worker",
     "resolve_call",
+    "approve_call",
+    "deny_call",
     "cancel_run",
     "retry_run",
     "prune_runs",

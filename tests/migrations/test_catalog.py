@@ -204,7 +204,7 @@ def test_downgrade_of_0002_restores_the_0001_catalog(
 def test_downgrade_of_the_head_restores_the_revision_before_it(
     new_empty_database: Callable[[], str],
 ) -> None:
-    """0005 (the decision record) gives back the 0004 columns, _cap and guards exactly."""
+    """0006 (approvals) gives back the 0005 columns, functions, guards and grants exactly."""
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(migrate.alembic_config(None))

@@ -177,6 +177,18 @@ CONTRACT: list[Fn] = [
         role=OPERATOR,
     ),
     Fn(
+        "approve_call",
+        [("p_idempotency_key", "text"), ("p_actor", "text"), ("p_note", "text")],
+        "void",
+        role=OPERATOR,
+    ),
+    Fn(
+        "deny_call",
+        [("p_idempotency_key", "text"), ("p_actor", "text"), ("p_reason", "text")],
+        "void",
+        role=OPERATOR,
+    ),
+    Fn(
         "cancel_run",
         [("p_run_id", "text"), ("p_actor", "text"), ("p_reason", "text")],
         "void",

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from runledger.model import CallStatus, Outcome, Safety
+from runledger.model import Approval, CallStatus, Outcome, Safety
 from runledger.worker.recovery import (
+    AwaitApproval,
     Complete,
     Dispatch,
     Known,
@@ -244,6 +245,10 @@ TABLE: list[tuple[str, Known, Step]] = [
     ("already unknown", k(Window.UNKNOWN, IDEM), Pause()),
     ("already unknown, tool gone", k(Window.UNKNOWN, None), Pause()),
     ("settled", k(Window.SETTLED, UNSAFE), Reuse()),
+    # a person must approve the call before it is sent
+    ("awaiting approval", k(Window.AWAITING_APPROVAL, UNSAFE), AwaitApproval()),
+    ("awaiting approval, idempotent", k(Window.AWAITING_APPROVAL, IDEM), AwaitApproval()),
+    ("awaiting approval, tool gone", k(Window.AWAITING_APPROVAL, None), ToolMissing()),
 ]
 
 
@@ -264,6 +269,26 @@ def test_next_step(known: Known, step: Step) -> None:
 )
 def test_the_window_a_journaled_call_is_in(status: CallStatus, window: Window) -> None:
     assert window_of(status) == window
+    # an approval only matters while the call is planned and pending
+    assert window_of(status, Approval.APPROVED) == window
+    if status is not CallStatus.PLANNED:
+        assert window_of(status, Approval.PENDING) == window
+
+
+@pytest.mark.parametrize(
+    ("approval", "window"),
+    [
+        (None, Window.PLANNED),
+        (Approval.PENDING, Window.AWAITING_APPROVAL),
+        (Approval.APPROVED, Window.PLANNED),
+    ],
+)
+def test_a_planned_call_waits_while_its_approval_is_pending(
+    approval: Approval | None, window: Window
+) -> None:
+    assert window_of(CallStatus.PLANNED, approval) == window
+    # a denied call is failed: settled, reused, never sent
+    assert window_of(CallStatus.FAILED, Approval.DENIED) == Window.SETTLED
 
 
 # -- every sequence of answers keeps the guarantees -------------------------------------

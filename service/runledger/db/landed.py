@@ -23,9 +23,12 @@ from psycopg.types.json import Jsonb
 from runledger.db.reads import Reads
 from runledger.db.results import (
     CALL_STATUS_AFTER,
+    DECIDED_EVENT,
+    DECIDED_STATUS,
     RESOLVED_STATUS,
     Checkpointed,
     Completed,
+    Decided,
     Dispatched,
     Finished,
     Pruned,
@@ -34,6 +37,7 @@ from runledger.db.results import (
     Resolved,
 )
 from runledger.model import (
+    Approval,
     CallStatus,
     FinishStatus,
     IdempotencyKey,
@@ -203,6 +207,20 @@ class ReadBacks(Reads):
             idempotency_key=IdempotencyKey(key),
             resolution=resolution,
             status=RESOLVED_STATUS[resolution],
+        )
+
+    async def decided(self, key: str, approval: Approval, actor: str, mark: int) -> Decided | None:
+        call = await self._call_row(None, key)
+        if call is None or not await self._journaled(
+            call["run_id"],
+            DECIDED_EVENT[approval],
+            actor=actor,
+            after=mark,
+            detail={"idempotency_key": key},
+        ):
+            return None
+        return Decided(
+            idempotency_key=IdempotencyKey(key), approval=approval, status=DECIDED_STATUS[approval]
         )
 
     async def requeued(self, run_id: str, actor: str, mark: int) -> Requeued | None:

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runledger.model import CallStatus, IdempotencyKey, Outcome, Resolution, RunId, RunStatus
+from runledger.model import (
+    Approval,
+    CallStatus,
+    IdempotencyKey,
+    Outcome,
+    Resolution,
+    RunId,
+    RunStatus,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +59,16 @@ class Resolved:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Decided:
+    """An approval decided: approved (the call stays planned, to be dispatched) or denied
+    (the call failed, never sent)."""
+
+    idempotency_key: IdempotencyKey
+    approval: Approval
+    status: CallStatus
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Requeued:
     run_id: RunId
 
@@ -71,4 +89,13 @@ RESOLVED_STATUS: dict[Resolution, CallStatus] = {
     Resolution.APPLIED: CallStatus.SUCCEEDED,
     Resolution.NOT_APPLIED: CallStatus.PLANNED,
     Resolution.ABANDONED: CallStatus.FAILED,
+}
+
+DECIDED_STATUS: dict[Approval, CallStatus] = {
+    Approval.APPROVED: CallStatus.PLANNED,  # dispatched by the next holder
+    Approval.DENIED: CallStatus.FAILED,  # never sent
+}
+DECIDED_EVENT: dict[Approval, str] = {
+    Approval.APPROVED: "call_approved",
+    Approval.DENIED: "call_denied",
 }

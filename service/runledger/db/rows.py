@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runledger.model import Call, CallStatus, IdempotencyKey, Run, RunId, RunStatus, Turn
+from runledger.model import (
+    Approval,
+    Call,
+    CallStatus,
+    IdempotencyKey,
+    Run,
+    RunId,
+    RunStatus,
+    Turn,
+)
 
 Row = dict[str, Any]
 
@@ -60,6 +69,8 @@ def call_from_row(r: Row) -> Call:
         dispatched_token=r["dispatched_token"],
         completed_token=r["completed_token"],
         provider_id=r.get("provider_id"),
+        approval=Approval(r["approval"]) if r.get("approval") is not None else None,
+        approval_by=r.get("approval_by"),
     )
 
 

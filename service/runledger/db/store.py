@@ -12,7 +12,8 @@ write's typed result (:mod:`runledger.db.results`). Only a write that did not la
 sent again.
 
 Split by concern: ``execution`` (pool, retries, SQLSTATE mapping), ``reads`` (runs,
-calls, journal, events), ``landed`` (read-backs), this module (the writes).
+calls, journal, events), ``landed`` (read-backs), ``operator`` (the operator's writes),
+this module (connecting, and the worker's writes).
 """
 
 from __future__ import annotations
@@ -30,18 +31,15 @@ from runledger import errors
 from runledger.config import default, url_connect_timeout
 from runledger.db import decode
 from runledger.db.execution import connect_error, connect_timeout_param, map_error, probe, word
-from runledger.db.landed import FINISHED_STATUS, ReadBacks
+from runledger.db.landed import FINISHED_STATUS
+from runledger.db.operator import OperatorWrites
 from runledger.db.results import (
     CALL_STATUS_AFTER,
-    RESOLVED_STATUS,
     Checkpointed,
     Completed,
     Dispatched,
     Finished,
-    Pruned,
     Released,
-    Requeued,
-    Resolved,
 )
 from runledger.db.validate import check_int32, check_text
 from runledger.model import (
@@ -52,7 +50,6 @@ from runledger.model import (
     LeaseId,
     Outcome,
     RenewedLease,
-    Resolution,
     RunId,
     SubmitResult,
 )
@@ -62,8 +59,9 @@ __all__ = ["Store", "map_error"]
 MAX_REASON_CHARS = 200
 
 
-class Store(ReadBacks):
-    """One method per contract function, over a psycopg async pool."""
+class Store(OperatorWrites):
+    """One method per contract function, over a psycopg async pool (the operator's
+    functions in :class:`~runledger.db.operator.OperatorWrites`)."""
 
     @classmethod
     async def connect(
@@ -386,76 +384,3 @@ class Store(ReadBacks):
 
     async def heartbeat_worker(self, worker_id: str, *, stopped: bool = False) -> None:
         await self._read("SELECT runledger.heartbeat_worker(%s, %s)", (worker_id, stopped))
-
-    # -- operator side -------------------------------------------------------------
-    # No fencing token to recognise our own write by: the run's last event id is noted
-    # before sending (one extra read), and the read-back looks for the event after it.
-
-    async def resolve_call(
-        self,
-        idempotency_key: str,
-        resolution: Resolution | str,
-        receipt: dict[str, Any] | None,
-        actor: str,
-        note: str | None,
-    ) -> None:
-        check_text("idempotency key", idempotency_key)
-        check_text("actor", actor)
-        if note is not None:
-            check_text("note", note)
-        key = IdempotencyKey(idempotency_key)
-        chosen = word("resolution", resolution, Resolution)
-        receipt_json = self._json("receipt", receipt, obj=True, nullable=True)
-        mark = await self._call_mark(key)
-        await self._write(
-            "SELECT runledger.resolve_call(%s, %s, %s::jsonb, %s, %s)",
-            (key, chosen.value, receipt_json, actor, note),
-            result=lambda _: Resolved(
-                idempotency_key=key, resolution=chosen, status=RESOLVED_STATUS[chosen]
-            ),
-            landed=lambda: self.resolved(key, chosen, actor, mark),
-        )
-
-    async def _call_mark(self, key: str) -> int:
-        rows = await self._read(
-            "SELECT coalesce(max(e.event_id), 0) AS mark FROM runledger.run_events e"
-            " WHERE e.run_id = (SELECT c.run_id FROM runledger.run_calls c"
-            " WHERE c.idempotency_key = %s)",
-            (key,),
-        )
-        return int(rows[0]["mark"])
-
-    async def cancel_run(self, run_id: str, actor: str, reason: str | None) -> None:
-        check_text("run id", run_id)
-        check_text("actor", actor)
-        if reason is not None:
-            check_text("reason", reason)
-        await self._read(  # safe to repeat: cancelling a cancelled run is a no-op
-            "SELECT runledger.cancel_run(%s, %s, %s)",
-            (run_id, actor, reason),
-            fields={"run_id": run_id},
-        )
-
-    async def retry_run(self, run_id: str, actor: str) -> None:
-        check_text("run id", run_id)
-        check_text("actor", actor)
-        mark = await self.event_mark(run_id)
-        await self._write(
-            "SELECT runledger.retry_run(%s, %s)",
-            (run_id, actor),
-            result=lambda _: Requeued(run_id=RunId(run_id)),
-            landed=lambda: self.requeued(run_id, actor, mark),
-            fields={"run_id": run_id},
-        )
-
-    async def prune_runs(self, before: dt.datetime, keep_events: bool) -> int:
-        """How many finished runs were deleted. Counted before sending, so that a prune
-        whose acknowledgement was lost still reports the runs it deleted."""
-        counted = await self.prunable(before)
-        done = await self._write(
-            "SELECT runledger.prune_runs(%s, %s) AS pruned",
-            (before, keep_events),
-            result=lambda rows: Pruned(runs=int(rows[0]["pruned"])),
-            landed=lambda: self.pruned(before, counted),
-        )
-        return done.runs

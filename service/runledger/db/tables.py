@@ -43,6 +43,7 @@ metadata: Final = MetaData(schema=SCHEMA, naming_convention=dict(NAMING_CONVENTI
 
 RUN_STATUSES: Final = ("queued", "running", "paused", "succeeded", "failed", "cancelled")
 CALL_STATUSES: Final = ("planned", "dispatched", "succeeded", "failed", "unknown")
+APPROVALS: Final = ("pending", "approved", "denied")
 RUN_ID_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 
 
@@ -163,6 +164,11 @@ run_calls: Final = Table(
     Column("resolved_at", _tstz(), nullable=True),
     Column("resolution_note", Text, nullable=True),
     Column("provider_id", Text, nullable=True),  # 0005: the model's id, never in a key
+    # 0006: human approval (NULL: none needed) and who decided it, why and when
+    Column("approval", Text, nullable=True),
+    Column("approval_by", Text, nullable=True),
+    Column("approval_note", Text, nullable=True),
+    Column("approval_at", _tstz(), nullable=True),
     PrimaryKeyConstraint("run_id", "turn", "call_id"),
     UniqueConstraint("idempotency_key"),
     # Named by hand: the convention would use the first column (run_id).
@@ -176,6 +182,18 @@ run_calls: Final = Table(
     CheckConstraint("jsonb_typeof(args) = 'object'", name="args_object"),
     CheckConstraint("attempts >= 0", name="attempts"),
     CheckConstraint("idempotency_key = run_id || ':' || turn || ':' || call_id", name="key"),
+    CheckConstraint(_in("approval", APPROVALS), name="approval"),
+    CheckConstraint(
+        "CASE approval WHEN 'pending' THEN status = 'planned' "
+        "WHEN 'denied' THEN status = 'failed' ELSE true END",
+        name="approval_status",
+    ),
+    CheckConstraint(
+        "CASE WHEN approval IN ('approved', 'denied') "
+        "THEN approval_by IS NOT NULL AND approval_at IS NOT NULL "
+        "ELSE approval_by IS NULL AND approval_at IS NULL AND approval_note IS NULL END",
+        name="approval_decided",
+    ),
 )
 Index(
     "ix_run_calls_open",
@@ -226,6 +244,7 @@ prune_authorizations: Final = Table(
 )
 
 __all__ = [
+    "APPROVALS",
     "CALL_STATUSES",
     "NAMING_CONVENTION",
     "RUN_ID_PATTERN",

@@ -43,6 +43,7 @@ class Settled(Enum):
 
     DONE = "done"  # succeeded or failed, journaled
     PAUSED = "paused"  # unknown: the run pauses for a person
+    AWAITING_APPROVAL = "awaiting_approval"  # not sent: the run pauses for a person's approval
     TOOL_MISSING = "tool_missing"  # planned, and this code has no such tool
 
 
@@ -64,10 +65,11 @@ class Calls:
         self.crash = crash
 
     async def settle(self, active: ActiveRun, flow: Flow, call: Call) -> Settled:
-        """Bring one call to succeeded or failed, or to unknown (paused)."""
+        """Bring one call to succeeded or failed, or to unknown (paused); a call awaiting
+        approval is left as it is."""
         tool = flow.tools.get(call.tool)
         known = Known(
-            window=recovery.window_of(call.status),
+            window=recovery.window_of(call.status, call.approval),
             safety=tool.safety if tool is not None else None,
             tool=call.tool,
             max_attempts=tool.max_attempts if tool is not None else 1,
@@ -94,6 +96,8 @@ class Calls:
                     return Settled.DONE
                 case recovery.Pause():
                     return Settled.PAUSED
+                case recovery.AwaitApproval():
+                    return Settled.AWAITING_APPROVAL
                 case recovery.ToolMissing():
                     return Settled.TOOL_MISSING
                 case recovery.MarkUnknown(error=error):

@@ -9,8 +9,9 @@
    per call carrying out the crash-window table of :mod:`runledger.worker.recovery`:
    ``dispatch_call`` commits before the tool is invoked, ``complete_call`` commits the
    result and the provider's receipt before the next step.
-3. A call that settles ``unknown`` pauses the run; the turn is checkpointed once every
-   call of it is final, then the policy decides the next turn.
+3. A call that settles ``unknown`` pauses the run, and so does a call that awaits a
+   person's approval (it is not sent; the other calls of its group run first); the turn
+   is checkpointed once every call of it is final, then the policy decides the next turn.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from runledger.worker.runs import (
     PolicyFailed,
     error_of,
     in_flight_reason,
-    unknown_call_reason,
+    pause_reason,
 )
 from runledger.worker.writes import Writes
 
@@ -201,14 +202,17 @@ class Executor:
                 if pending:
                     for group in call_groups(flow, pending):
                         settled = await self._settle_group(active, flow, group)
-                        paused = [x for x, s in settled if s is Settled.PAUSED]
+                        paused = [x.idempotency_key for x, s in settled if s is Settled.PAUSED]
+                        waits = [
+                            x.idempotency_key for x, s in settled if s is Settled.AWAITING_APPROVAL
+                        ]
                         missing = [x for x, s in settled if s is Settled.TOOL_MISSING]
                         if missing:
                             tool = {"tool": missing[0].tool}
                             await self._finish(active, FinishStatus.FAILED, tool, "tool_missing")
                             return
-                        if paused:
-                            why = unknown_call_reason(*(x.idempotency_key for x in paused))
+                        if paused or waits:  # after every sibling of the group finished
+                            why = pause_reason(c.run_id, paused, waits)
                             await self._finish(active, FinishStatus.PAUSED, None, why)
                             return
                     # every call of the turn is final now: read the journal again
@@ -390,6 +394,7 @@ class Executor:
                         result=x.result,
                         error=x.error,
                         provider_id=x.provider_id,
+                        approval=None if x.approval is None else str(x.approval),
                     )
                     for x in by_turn.get(t.turn, [])
                 ),

@@ -13,6 +13,8 @@
 | ``returned``: the tool answered      | record the result and the receipt                 |
 | ``settled``: the receipt is saved    | reuse it, move on                                 |
 | ``unknown``: already ambiguous       | pause; a person reconciles                        |
+| ``awaiting_approval``: planned, a    | pause; a person approves (then it is ``planned``)  |
+|   person must approve it first       | or denies it (then it is ``failed``: settled)     |
 
 :func:`next_step` takes what the executor knows (:class:`Known`) and returns one
 :class:`Step`; :mod:`runledger.worker.calls` carries it out and asks again. No I/O
@@ -25,9 +27,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from runledger.model import CallStatus, Outcome, Safety
+from runledger.model import Approval, CallStatus, Outcome, Safety
 
 __all__ = [
+    "AwaitApproval",
     "Complete",
     "Dispatch",
     "Known",
@@ -54,6 +57,7 @@ class Window(StrEnum):
     RETURNED = "returned"  # the tool returned: its result and receipt are in hand
     SETTLED = "settled"  # the journal has the outcome (succeeded or failed)
     UNKNOWN = "unknown"  # the journal says unknown: only a person can settle it
+    AWAITING_APPROVAL = "awaiting_approval"  # planned, not to be sent before a person approves
 
 
 class LookedUp(StrEnum):
@@ -65,8 +69,10 @@ class LookedUp(StrEnum):
     FAILED = "failed"  # the lookup itself raised or timed out
 
 
-def window_of(status: CallStatus) -> Window:
+def window_of(status: CallStatus, approval: Approval | None = None) -> Window:
     """The window a call is in when a worker reads it from the journal."""
+    if status is CallStatus.PLANNED and approval is Approval.PENDING:
+        return Window.AWAITING_APPROVAL
     return {
         CallStatus.PLANNED: Window.PLANNED,
         CallStatus.DISPATCHED: Window.IN_FLIGHT,
@@ -131,6 +137,12 @@ class Pause:
 
 
 @dataclass(frozen=True, slots=True)
+class AwaitApproval:
+    """The call waits for a person's approval: send nothing, pause the run (after the
+    other calls of its group) without writing anything for the call."""
+
+
+@dataclass(frozen=True, slots=True)
 class Reuse:
     """The receipt is saved: nothing to send, move on."""
 
@@ -140,7 +152,7 @@ class ToolMissing:
     """A planned call of a tool this code does not have: fail the run, send nothing."""
 
 
-Step = Dispatch | Lookup | Complete | MarkUnknown | Pause | Reuse | ToolMissing
+Step = Dispatch | Lookup | Complete | MarkUnknown | Pause | AwaitApproval | Reuse | ToolMissing
 
 
 def next_step(k: Known) -> Step:
@@ -150,6 +162,9 @@ def next_step(k: Known) -> Step:
             return Reuse()
         case Window.UNKNOWN:
             return Pause()
+        case Window.AWAITING_APPROVAL:
+            # a tool this code lacks fails the run now rather than ask a person for nothing
+            return ToolMissing() if k.safety is None else AwaitApproval()
         case Window.RETURNED:
             return Complete(Outcome.SUCCEEDED)
         case Window.NOT_APPLIED:

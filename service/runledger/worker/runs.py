@@ -111,6 +111,43 @@ def unknown_call_reason(*keys: str) -> str:
     return f"calls {listed} are unknown: reconcile each with {resolve_command('<key>')}"
 
 
+MAX_PAUSE_REASON = 1000  # runledger._cap('reason'): finish_run refuses a longer one
+
+
+def approval_commands(key: str) -> str:
+    """The two lines a person chooses between for a call awaiting approval."""
+    return f'`runledger approve {key}` or `runledger deny {key} --reason "..."`'
+
+
+def awaiting_approval_reason(*keys: str) -> str:
+    """The pause reason of calls that await a person's approval: each full key, and the
+    two commands."""
+    if len(keys) == 1:
+        return f"call {keys[0]} awaits approval: {approval_commands(keys[0])}"
+    listed = ", ".join(keys)
+    return f"calls {listed} await approval: for each, {approval_commands('<key>')}"
+
+
+def pause_reason(run_id: str, unknown: Sequence[str], awaiting: Sequence[str]) -> str:
+    """Why a run pauses after a group of calls: the calls that settled ``unknown``, then
+    those that await approval, each key whole and the commands -- or, past what
+    ``finish_run`` stores, the counts and where to see the keys."""
+    parts = []
+    if unknown:
+        parts.append(unknown_call_reason(*unknown))
+    if awaiting:
+        parts.append(awaiting_approval_reason(*awaiting))
+    reason = "; ".join(parts)
+    if len(reason) <= MAX_PAUSE_REASON:
+        return reason
+    counts = []
+    if unknown:
+        counts.append(f"{len(unknown)} call(s) are unknown ({resolve_command('<key>')})")
+    if awaiting:
+        counts.append(f"{len(awaiting)} call(s) await approval ({approval_commands('<key>')})")
+    return f"{' and '.join(counts)}: `runledger status {run_id}` lists them"
+
+
 def in_flight_reason(why: str, run_id: str, keys: Sequence[str]) -> str:
     """The pause reason of a run given up on with calls that may have taken effect (now
     ``unknown``): ``why``, every key whole (up to a bound, then a count and where to see

@@ -20,7 +20,9 @@
 --                    report_stale_write
 --   04_journal.sql   checkpoint, record_turn, record_turn_v2, dispatch_call, complete_call,
 --                    finish_run
---   05_operator.sql  resolve_call, cancel_run, retry_run, prune_runs (retention)
+--   05_operator.sql  resolve_call; approve_call, deny_call (human approval); cancel_run,
+--                    retry_run, prune_runs (retention); their helpers _requeue_if_settled
+--                    and _lock_awaiting_call
 --   06_wall.sql      the second wall: guard trigger functions and their triggers, and
 --                    the pruning authorization (_prune_authorized) that prune_runs grants itself
 --   07_views.sql     audit views: run_timeline, effect_ledger, lease_history

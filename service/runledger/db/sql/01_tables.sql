@@ -87,6 +87,13 @@ CREATE TABLE runledger.run_calls (
     -- revision 0005: the model's own id for the call (record_turn_v2), to map its result
     -- back into the provider's messages; never part of the idempotency key
     provider_id text,
+    -- revision 0006: human approval. NULL: the call needs none; 'pending': recorded with
+    -- "approval": true, not dispatched until a person approves it (approve_call) or denies
+    -- it (deny_call: the call fails, never sent); who decided, when, and their note
+    approval text,
+    approval_by text,
+    approval_note text,
+    approval_at timestamptz,
     CONSTRAINT pk_run_calls PRIMARY KEY (run_id, turn, call_id),
     CONSTRAINT uq_run_calls_idempotency_key UNIQUE (idempotency_key),
     CONSTRAINT fk_run_calls_turn_run_turns FOREIGN KEY (run_id, turn)
@@ -95,7 +102,16 @@ CREATE TABLE runledger.run_calls (
         status IN ('planned', 'dispatched', 'succeeded', 'failed', 'unknown')),
     CONSTRAINT ck_run_calls_args_object CHECK (jsonb_typeof(args) = 'object'),
     CONSTRAINT ck_run_calls_attempts CHECK (attempts >= 0),
-    CONSTRAINT ck_run_calls_key CHECK (idempotency_key = run_id || ':' || turn || ':' || call_id)
+    CONSTRAINT ck_run_calls_key CHECK (idempotency_key = run_id || ':' || turn || ':' || call_id),
+    CONSTRAINT ck_run_calls_approval CHECK (approval IN ('pending', 'approved', 'denied')),
+    CONSTRAINT ck_run_calls_approval_status CHECK (
+        CASE approval WHEN 'pending' THEN status = 'planned'
+                      WHEN 'denied' THEN status = 'failed'
+                      ELSE true END),
+    CONSTRAINT ck_run_calls_approval_decided CHECK (
+        CASE WHEN approval IN ('approved', 'denied')
+             THEN approval_by IS NOT NULL AND approval_at IS NOT NULL
+             ELSE approval_by IS NULL AND approval_at IS NULL AND approval_note IS NULL END)
 );
 CREATE INDEX ix_run_calls_open ON runledger.run_calls (run_id)
     WHERE status IN ('planned', 'dispatched', 'unknown');

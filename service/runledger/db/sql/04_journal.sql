@@ -133,7 +133,9 @@ $$;
 -- p_output, the final decision's output (any JSON or NULL, only with no calls: the run's
 -- result), and an optional "provider_id" per call (the model's own id for the call, kept
 -- in run_calls.provider_id to map results back; never part of a key). record_turn stays
--- for workers of the previous release and stores NULL for all three.
+-- for workers of the previous release and stores NULL for all three. Revision 0006: a call
+-- may carry "approval": true (a JSON boolean; false is the same as leaving it out): it is
+-- stored with approval 'pending' and dispatch_call refuses it until a person approves it.
 CREATE FUNCTION runledger.record_turn_v2(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
                                          p_turn int, p_calls jsonb, p_record jsonb,
                                          p_output jsonb DEFAULT NULL)
@@ -229,6 +231,12 @@ BEGIN
             PERFORM runledger._check_text('provider id', v_call ->> 'provider_id', 1,
                                           runledger._cap('provider_id'));
         END IF;
+        IF v_call ? 'approval' AND jsonb_typeof(v_call -> 'approval') <> 'boolean' THEN
+            PERFORM runledger._raise('RL006',
+                format('approval of call %s must be true or false', v_call ->> 'call_id'),
+                format('got %s', left((v_call -> 'approval')::text, 100)),
+                'leave "approval" out for a call that needs none');
+        END IF;
         v_ids := v_ids || (v_call ->> 'call_id');
     END LOOP;
 
@@ -237,11 +245,13 @@ BEGIN
 
     FOR v_call IN SELECT e FROM jsonb_array_elements(p_calls) AS e LOOP
         INSERT INTO runledger.run_calls (run_id, turn, call_id, position, tool, args,
-                                         idempotency_key, status, attempts, provider_id)
+                                         idempotency_key, status, attempts, provider_id,
+                                         approval)
         VALUES (p_run_id, p_turn, v_call ->> 'call_id', v_pos, v_call ->> 'tool',
                 coalesce(v_call -> 'args', '{}'::jsonb),
                 p_run_id || ':' || p_turn || ':' || (v_call ->> 'call_id'), 'planned', 0,
-                v_call ->> 'provider_id');
+                v_call ->> 'provider_id',
+                CASE WHEN (v_call -> 'approval') = 'true'::jsonb THEN 'pending' END);
         v_pos := v_pos + 1;
     END LOOP;
 
@@ -275,10 +285,19 @@ BEGIN
                  THEN 'an operator must resolve it (runledger resolve)'
                  ELSE 'the call already has a final result: reuse it' END);
     END IF;
+    IF c.approval = 'pending' THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s awaits approval and cannot be dispatched', p_idempotency_key),
+            format('tool %s, recorded in turn %s', c.tool, c.turn),
+            format('a person approves it (runledger approve %s) or denies it '
+                   '(runledger deny %s --reason ...); pause the run until then',
+                   p_idempotency_key, p_idempotency_key));
+    END IF;
     UPDATE runledger.run_calls
     SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
         dispatched_by = r.lease_owner, dispatched_at = v_now
-    WHERE idempotency_key = p_idempotency_key AND status IN ('planned', 'dispatched');
+    WHERE idempotency_key = p_idempotency_key AND status IN ('planned', 'dispatched')
+      AND approval IS DISTINCT FROM 'pending';
     PERFORM runledger._event(p_run_id, 'call_dispatched', r.lease_owner, p_fencing_token,
         r.state_version, jsonb_build_object('idempotency_key', p_idempotency_key,
                                             'tool', c.tool, 'attempt', c.attempts + 1,

@@ -1,6 +1,37 @@
 -- ---------------------------------------------------------------------------------
--- Operator functions: resolve, cancel, retry; retention
+-- Operator functions: resolve, approve, deny, cancel, retry; retention
 -- ---------------------------------------------------------------------------------
+
+-- A paused run whose last call waiting for a person was settled goes back to the queue:
+-- nothing of it is unknown nor awaiting approval any more. r is the run row as locked by
+-- the caller; p_after names the caller in the run_requeued event. Revision 0006 (resolve_call
+-- kept this inline before). Returns whether the run was requeued.
+CREATE FUNCTION runledger._requeue_if_settled(r runledger.runs, p_actor text, p_after text,
+                                              p_now timestamptz) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_left integer;
+BEGIN
+    IF r.status <> 'paused' THEN
+        RETURN false;
+    END IF;
+    SELECT count(*) INTO v_left FROM runledger.run_calls x
+    WHERE x.run_id = r.run_id
+      AND (x.status = 'unknown' OR (x.status = 'planned' AND x.approval = 'pending'));
+    IF v_left > 0 THEN
+        RETURN false;
+    END IF;
+    UPDATE runledger.runs
+    SET status = 'queued', pause_reason = NULL, available_at = p_now, updated_at = p_now
+    WHERE run_id = r.run_id AND status = 'paused';
+    PERFORM runledger._event(r.run_id, 'run_requeued', p_actor, NULL, r.state_version,
+                             jsonb_build_object('after', p_after));
+    PERFORM runledger._notify_queued(r.flow, r.flow_version);
+    RETURN true;
+END
+$$;
 
 CREATE FUNCTION runledger.resolve_call(p_idempotency_key text, p_resolution text,
                                        p_receipt jsonb, p_actor text, p_note text)
@@ -13,7 +44,6 @@ DECLARE
     r runledger.runs;
     c runledger.run_calls;
     v_now timestamptz := runledger.now();
-    v_left integer;
 BEGIN
     PERFORM runledger._check_word('resolution', p_resolution,
                                   ARRAY['applied', 'not_applied', 'abandoned']);
@@ -52,16 +82,107 @@ BEGIN
         jsonb_strip_nulls(jsonb_build_object('idempotency_key', p_idempotency_key,
                                              'resolution', p_resolution, 'note', p_note,
                                              'unknown_error', c.error)));
-    SELECT count(*) INTO v_left FROM runledger.run_calls x
-    WHERE x.run_id = v_run_id AND x.status = 'unknown';
-    IF v_left = 0 AND r.status = 'paused' THEN
-        UPDATE runledger.runs
-        SET status = 'queued', pause_reason = NULL, available_at = v_now, updated_at = v_now
-        WHERE run_id = v_run_id AND status = 'paused';
-        PERFORM runledger._event(v_run_id, 'run_requeued', p_actor, NULL, r.state_version,
-                                 jsonb_build_object('after', 'resolve_call'));
-        PERFORM runledger._notify_queued(r.flow, r.flow_version);
+    PERFORM runledger._requeue_if_settled(r, p_actor, 'resolve_call', v_now);
+END
+$$;
+
+-- Human approval (revision 0006). A call recorded with "approval": true waits, planned
+-- and never dispatched, for a person: approve_call lets it be dispatched as any other
+-- call; deny_call fails it, never sent, with the reason the policy then sees. Only calls
+-- of runs nobody holds are decided: a holder of a running run may be pausing on the call
+-- right now, and an approval it did not see would leave the run paused with nothing to
+-- wait for. A paused run with nothing left to wait for is requeued.
+-- The call of p_idempotency_key, locked after its run, if it awaits approval in a run
+-- nobody holds; RL003 or RL004 otherwise.
+CREATE FUNCTION runledger._lock_awaiting_call(p_idempotency_key text) RETURNS runledger.run_calls
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_run_id text;
+    r runledger.runs;
+    c runledger.run_calls;
+BEGIN
+    PERFORM runledger._check_text('idempotency key', p_idempotency_key, 1,
+                                  runledger._cap('idempotency_key'));
+    SELECT x.run_id INTO v_run_id FROM runledger.run_calls x
+    WHERE x.idempotency_key = p_idempotency_key;
+    IF NOT FOUND THEN
+        PERFORM runledger._raise('RL003', format('call %s not found', p_idempotency_key), NULL, NULL);
     END IF;
+    r := runledger._lock_run(v_run_id);           -- the run row first, then the call
+    c := runledger._lock_call(v_run_id, p_idempotency_key);
+    IF c.status <> 'planned' OR c.approval IS DISTINCT FROM 'pending' THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s does not await approval: it is %s, approval %s', p_idempotency_key,
+                   c.status, coalesce(c.approval, 'not needed')),
+            CASE WHEN c.approval IN ('approved', 'denied')
+                 THEN format('%s by %s at %s', c.approval, c.approval_by, c.approval_at) END,
+            'only a planned call recorded with "approval": true is approved or denied, once');
+    END IF;
+    IF r.status NOT IN ('queued', 'paused', 'cancelled', 'failed') THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is of a %s run; calls of running runs are not decided',
+                   p_idempotency_key, r.status),
+            format('run %s is held by %s', r.run_id, coalesce(r.lease_owner, 'nobody')),
+            format('its worker pauses it on the call: decide once `runledger status %s` '
+                   'shows it paused', r.run_id));
+    END IF;
+    RETURN c;
+END
+$$;
+
+CREATE FUNCTION runledger.approve_call(p_idempotency_key text, p_actor text, p_note text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz;
+BEGIN
+    PERFORM runledger._check_text('actor', p_actor, 1, runledger._cap('actor'));
+    PERFORM runledger._check_text('note', p_note, 0, runledger._cap('note'));
+    c := runledger._lock_awaiting_call(p_idempotency_key);
+    r := runledger._lock_run(c.run_id);  -- locked already: the row as the check saw it
+    v_now := runledger.now();
+    UPDATE runledger.run_calls
+    SET approval = 'approved', approval_by = p_actor, approval_note = p_note, approval_at = v_now
+    WHERE idempotency_key = p_idempotency_key AND status = 'planned' AND approval = 'pending';
+    PERFORM runledger._event(r.run_id, 'call_approved', p_actor, NULL, r.state_version,
+        jsonb_strip_nulls(jsonb_build_object('idempotency_key', p_idempotency_key,
+                                             'tool', c.tool, 'note', p_note)));
+    PERFORM runledger._requeue_if_settled(r, p_actor, 'approve_call', v_now);
+END
+$$;
+
+CREATE FUNCTION runledger.deny_call(p_idempotency_key text, p_actor text, p_reason text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz;
+BEGIN
+    PERFORM runledger._check_text('actor', p_actor, 1, runledger._cap('actor'));
+    PERFORM runledger._check_text('reason', p_reason, 1, runledger._cap('reason'));
+    c := runledger._lock_awaiting_call(p_idempotency_key);
+    r := runledger._lock_run(c.run_id);  -- locked already: the row as the check saw it
+    v_now := runledger.now();
+    -- failed, never dispatched: the policy sees a failed call whose error says who denied
+    -- it and why, and decides the next turn
+    UPDATE runledger.run_calls
+    SET status = 'failed',
+        error = jsonb_build_object('reason', 'denied', 'note', p_reason, 'actor', p_actor),
+        approval = 'denied', approval_by = p_actor, approval_note = p_reason, approval_at = v_now
+    WHERE idempotency_key = p_idempotency_key AND status = 'planned' AND approval = 'pending';
+    PERFORM runledger._event(r.run_id, 'call_denied', p_actor, NULL, r.state_version,
+        jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', c.tool,
+                           'reason', p_reason));
+    PERFORM runledger._requeue_if_settled(r, p_actor, 'deny_call', v_now);
 END
 $$;
 

@@ -133,6 +133,24 @@ BEGIN
         PERFORM runledger._raise('RL007',
             format('attempts of call %s cannot decrease', OLD.idempotency_key), NULL, NULL);
     END IF;
+    -- revision 0006: an approval moves pending -> approved or pending -> denied, once; who
+    -- decided, when and why never change afterwards
+    IF NEW.approval IS DISTINCT FROM OLD.approval
+       AND NOT coalesce(OLD.approval = 'pending' AND NEW.approval IN ('approved', 'denied'),
+                        false) THEN
+        PERFORM runledger._raise('RL007',
+            format('approval of call %s cannot move from %s to %s', OLD.idempotency_key,
+                   coalesce(OLD.approval, 'NULL'), coalesce(NEW.approval, 'NULL')),
+            NULL, 'a pending approval is decided once, by approve_call or deny_call');
+    END IF;
+    IF OLD.approval IN ('approved', 'denied')
+       AND (NEW.approval_by IS DISTINCT FROM OLD.approval_by
+            OR NEW.approval_note IS DISTINCT FROM OLD.approval_note
+            OR NEW.approval_at IS DISTINCT FROM OLD.approval_at) THEN
+        PERFORM runledger._raise('RL007',
+            format('call %s was %s by %s: the decision cannot be rewritten', OLD.idempotency_key,
+                   OLD.approval, OLD.approval_by), NULL, NULL);
+    END IF;
     RETURN NEW;
 END
 $$;

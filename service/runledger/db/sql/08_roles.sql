@@ -70,6 +70,8 @@ BEGIN
             runledger.now(),
             runledger.submit_run(text, text, text, jsonb, int, timestamptz),
             runledger.resolve_call(text, text, jsonb, text, text),
+            runledger.approve_call(text, text, text),
+            runledger.deny_call(text, text, text),
             runledger.cancel_run(text, text, text),
             runledger.retry_run(text, text),
             runledger.prune_runs(timestamptz, boolean)
