@@ -20,7 +20,7 @@ from psycopg import sql
 from runledger.db import decode
 from runledger.flows import Flow, ToolCall
 from runledger.worker.executor import Limits
-from runledger.worker.runs import in_flight_reason, unknown_call_reason
+from runledger.worker.runs import MAX_PAUSE_REASON, in_flight_reason, unknown_call_reason
 from tests.integration.conftest import Db, Recorder, StartWorker
 
 DEPTH = 2000  # far past Python's recursion limit; PostgreSQL stores it
@@ -355,4 +355,4 @@ def test_pause_reasons_name_every_key_whole_and_the_command() -> None:
     named = [k for k in many if k in text]
     assert named == many[: len(named)] and 5 < len(named) < 40  # whole keys, in order
     assert f"and {40 - len(named)} more (`runledger status rr` lists them)" in text
-    assert len(text) < 2000
+    assert len(text) <= MAX_PAUSE_REASON  # what finish_run stores (it refuses longer)

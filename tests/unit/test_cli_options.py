@@ -77,6 +77,8 @@ def test_the_walk_finds_every_command_and_the_options_people_use() -> None:
         ("resolve",),
         ("cancel",),
         ("retry",),
+        ("approve",),
+        ("deny",),
         ("audit",),
         ("demo",),
         ("migrate",),
@@ -90,6 +92,8 @@ def test_the_walk_finds_every_command_and_the_options_people_use() -> None:
         (("worker",), "--lease-seconds"),
         (("wait",), "--timeout"),
         (("migrate",), "--check"),
+        (("approve",), "--actor"),
+        (("deny",), "--reason"),
     } <= found
 
 
@@ -305,6 +309,8 @@ CONNECTING = [
     "resolve",
     "cancel",
     "retry",
+    "approve",
+    "deny",
     "audit",
     "migrate",
     "worker",

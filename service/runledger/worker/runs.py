@@ -95,7 +95,6 @@ class PolicyFailed(Exception):
 # -- pause reasons: each names the command that gets the run going again -----------------
 
 RESOLVE = "applied|not_applied|abandoned"
-_MAX_KEYS_CHARS = 1500  # keys named whole; past this the rest are counted
 
 
 def resolve_command(key: str) -> str:
@@ -152,18 +151,26 @@ def in_flight_reason(why: str, run_id: str, keys: Sequence[str]) -> str:
     """The pause reason of a run given up on with calls that may have taken effect (now
     ``unknown``): ``why``, every key whole (up to a bound, then a count and where to see
     them), and the command. Resolving the last one requeues the run."""
+    if len(keys) == 1:
+        return f"{why}; call {keys[0]} may have taken effect and is unknown: reconcile it with " + (
+            resolve_command(keys[0])
+        )
+    # keys named whole while the reason stays within what finish_run stores; the rest
+    # are counted (the fixed words, the count and the status command take the remainder)
+    fixed = len(
+        f"{why}; calls  may have taken effect and are unknown: reconcile each with "
+        f"{resolve_command('<key>')} and {len(keys)} more (`runledger status {run_id}` "
+        "lists them)"
+    )
+    budget = MAX_PAUSE_REASON - fixed
     named: list[str] = []
     for key in keys:
-        if named and sum(len(k) + 2 for k in named) + len(key) > _MAX_KEYS_CHARS:
+        if named and sum(len(k) + 2 for k in named) + len(key) > budget:
             break
         named.append(key)
     listed = ", ".join(named)
     if len(named) < len(keys):
         listed += f" and {len(keys) - len(named)} more (`runledger status {run_id}` lists them)"
-    if len(keys) == 1:
-        return f"{why}; call {keys[0]} may have taken effect and is unknown: reconcile it with " + (
-            resolve_command(keys[0])
-        )
     return (
         f"{why}; calls {listed} may have taken effect and are unknown: reconcile each with "
         f"{resolve_command('<key>')}"

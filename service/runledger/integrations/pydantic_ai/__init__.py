@@ -109,6 +109,10 @@ def agent_flow(
       and ``flow``);
     - ``lookups``: ``{tool: fn(ctx) -> receipt | None}`` for the ``lookup`` tools;
     - ``max_attempts``: per tool, as ``@flow.tool``; ``max_turns``/``max_calls``: as ``Flow``;
+    - a tool declared ``requires_approval=True`` is a runledger approval tool: each call is
+      journaled awaiting a person (``runledger approve KEY`` / ``deny KEY --reason``) and
+      the run pauses; a denied call reaches the model as a failed tool return with the
+      person's reason;
     - ``parallel_calls``: the calls of one model response run at the same time, as under
       ``agent.run`` (``False``: one after another); a tool declared ``sequential=True``
       runs alone, after the calls before it and before the calls after it, as in
@@ -124,11 +128,6 @@ def agent_flow(
     unknown = sorted(set(safety) - set(tools))
     if unknown:
         raise ValueError(f"safety names tools the agent does not have: {', '.join(unknown)}")
-    for tool, _ in tools.values():
-        if tool.requires_approval:
-            raise ValueError(
-                f"tool {tool.name} requires approval: deferred tools are not supported"
-            )
     adapter = _Adapter(agent, tools, prompt or _default_prompt, deps)
     flow = Flow(
         name, version, max_turns=max_turns, max_calls=max_calls, parallel_calls=parallel_calls
@@ -140,6 +139,8 @@ def agent_flow(
             timeout=tool.timeout,
             max_attempts=max_attempts,
             parallel=False if tool.sequential else None,
+            # Pydantic AI's requires_approval: each call waits for `runledger approve`
+            approval=bool(tool.requires_approval),
         )(adapter.tool_fn(tool))
     for tool_name, fn in (lookups or {}).items():
         if tool_name not in flow.tools:
