@@ -1,7 +1,26 @@
 -- runledger 0006 down: back to 0005 exactly. Drops approve_call, deny_call and their
 -- helpers, restores record_turn_v2, dispatch_call, resolve_call and _guard_run_calls as
 -- 0005 left them, and drops the approval columns of run_calls (and what they held) with
--- their constraints.
+-- their constraints. It refuses (RL004) while a call awaits approval.
+
+-- 0005 has no approvals: a call awaiting one would become a plain planned call, and the
+-- next worker would send it unapproved. Refuse while any call awaits a person.
+DO $$
+DECLARE
+    v_waiting bigint;
+BEGIN
+    SELECT count(*) INTO v_waiting FROM runledger.run_calls WHERE approval = 'pending';
+    IF v_waiting > 0 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'RL004',
+            MESSAGE = format('%s call(s) await approval: downgrading below 0006 would send '
+                             'them unapproved', v_waiting),
+            HINT = 'approve or deny each first (runledger approve KEY / runledger deny KEY '
+                   '--reason ...); SELECT idempotency_key FROM runledger.run_calls WHERE '
+                   'approval = ''pending'' lists them';
+    END IF;
+END
+$$;
 
 DROP FUNCTION runledger.approve_call(text, text, text);
 DROP FUNCTION runledger.deny_call(text, text, text);

@@ -11,7 +11,8 @@ from __future__ import annotations
 import click
 
 from runledger.cli_options import CONTEXT, _client, _opt, connect_option, database_option
-from runledger.model import Approval, Call
+from runledger.client import Client
+from runledger.model import Approval, Call, CallStatus
 
 APPROVABLE = ("queued", "paused", "cancelled", "failed")  # runs approve_call/deny_call accept
 
@@ -32,6 +33,24 @@ def shown_status(call: Call) -> str:
     if call.approval is None:
         return str(call.status)
     return f"{call.status} ({_SHOWN[call.approval]})"
+
+
+def what_the_run_does(client: Client, key: str) -> str:
+    """After a decision: whether the run goes on, or what it still waits for (each key
+    whole), so that a person is never left guessing why it is still paused."""
+    run_id = key.rsplit(":", 2)[0]  # keys are {run_id}:{turn}:{call_id}
+    run = client.get(run_id)
+    if run.status != "paused":
+        return f"run {run_id} is {run.status}"
+    calls = client.calls(run_id)
+    waits = [x.idempotency_key for x in calls if x.approval is Approval.PENDING]
+    unknown = [x.idempotency_key for x in calls if x.status is CallStatus.UNKNOWN]
+    left = []
+    if waits:
+        left.append(f"{', '.join(waits)} still {'awaits' if len(waits) == 1 else 'await'} approval")
+    if unknown:
+        left.append(f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} unknown")
+    return f"run {run_id} stays paused: {'; '.join(left)} (`runledger status {run_id}`)"
 
 
 def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -71,7 +90,7 @@ def approve(
     with its idempotency key when the run goes on."""
     with _client(database_url, connect_timeout, actor) as client:
         client.approve(key, note)
-    click.echo(f"{key} approved")
+        click.echo(f"{key} approved; {what_the_run_does(client, key)}")
 
 
 @click.command(context_settings=CONTEXT, epilog=DECIDE_EPILOG)
@@ -91,4 +110,4 @@ def deny(
     call with error {reason: denied, note: REASON, actor}."""
     with _client(database_url, connect_timeout, actor) as client:
         client.deny(key, reason)
-    click.echo(f"{key} denied")
+        click.echo(f"{key} denied; {what_the_run_does(client, key)}")

@@ -9,6 +9,7 @@ it leaves there is exactly what it failed to clean up.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -51,10 +52,11 @@ def tmpdir_env() -> Iterator[tuple[Path, dict[str, str]]]:
     try:
         yield base, env
     finally:
-        from runledger.demo.cluster import stop_cluster
+        from runledger.demo.cluster import BadClusterDir, stop_cluster
 
         for left in base.glob("runledger-pg-*"):  # a failed test must not leave a cluster
-            stop_cluster(str(left))
+            with contextlib.suppress(BadClusterDir):  # not kept: the demo removed it itself
+                stop_cluster(str(left))
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -194,6 +196,23 @@ def test_stop_refuses_a_directory_that_is_not_a_demo_cluster(tmp_path: Path) -> 
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "not a cluster left by" in done.stderr
     assert (tmp_path / "keep-me").exists()
+
+
+def test_stop_refuses_a_cluster_the_demo_did_not_keep(tmp_path: Path) -> None:
+    """A test suite's throwaway cluster looks the same (prefix, data/PG_VERSION): without
+    the mark --keep writes, it is not stopped and not removed."""
+    lookalike = tmp_path / "runledger-pg-abc123"
+    (lookalike / "data").mkdir(parents=True)
+    (lookalike / "data" / "PG_VERSION").write_text("15\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "runledger", "demo", "--stop", str(lookalike)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "not a cluster left by" in done.stderr
+    assert (lookalike / "data" / "PG_VERSION").exists()
 
 
 def _started_by(base: Path) -> list[int]:

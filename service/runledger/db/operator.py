@@ -66,7 +66,7 @@ class OperatorWrites(ReadBacks):
         or whose run is running, :class:`~runledger.errors.InvalidInput` for bad arguments."""
         check_text("actor", actor)
         if note is not None:
-            check_text("note", note, max_chars=MAX_NOTE_CHARS)  # '' is a note too
+            check_text("note", note, max_chars=MAX_NOTE_CHARS, min_chars=0)  # '' is a note too
         await self._decide(idempotency_key, Approval.APPROVED, actor, note)
 
     async def deny_call(self, idempotency_key: str, *, reason: str, actor: str) -> None:

@@ -28,13 +28,16 @@ def _encodable(what: str, value: str, where: str = "") -> None:
         raise InvalidInput(f"{what} is not valid Unicode{where}: {exc.reason}") from None
 
 
-def check_text(what: str, value: object, *, max_chars: int | None = None) -> None:
-    """A string PostgreSQL can store; with ``max_chars``, also 1 to ``max_chars`` characters."""
+def check_text(
+    what: str, value: object, *, max_chars: int | None = None, min_chars: int = 1
+) -> None:
+    """A string PostgreSQL can store; with ``max_chars``, also ``min_chars`` (1) to
+    ``max_chars`` characters."""
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
     _encodable(what, value)
-    if max_chars is not None and not 1 <= len(value) <= max_chars:
-        raise InvalidInput(f"{what} must be 1-{max_chars} characters, got {len(value)}")
+    if max_chars is not None and not min_chars <= len(value) <= max_chars:
+        raise InvalidInput(f"{what} must be {min_chars}-{max_chars} characters, got {len(value)}")
 
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from runledger.testing.postgres import Server
 
 CLUSTER_PREFIX = "runledger-pg-"  # the temporary directory of testing.postgres.start_cluster
+KEPT_MARK = "kept-by-runledger-demo"  # written by --keep: only such a directory is --stop'ped
 
 
 class DemoError(Exception):
@@ -44,8 +45,11 @@ class DemoDatabase:
     kept: bool = False
 
     def keep(self) -> None:
-        """Leave the throwaway server running when the ``with`` block ends."""
+        """Leave the throwaway server running when the ``with`` block ends; mark its
+        directory, so that ``--stop`` takes this one and never a test suite's cluster."""
         self.kept = True
+        if self.directory is not None:
+            (Path(self.directory) / KEPT_MARK).write_text(self.url + "\n", encoding="utf-8")
 
 
 @contextlib.contextmanager
@@ -113,21 +117,28 @@ def stop_cluster(directory: str, timeout: float = 60.0) -> None:
     """Stop the cluster ``runledger demo --keep`` left in ``directory`` and remove it."""
     base = Path(directory).resolve()
     data = base / "data"
-    if not base.name.startswith(CLUSTER_PREFIX) or not (data / "PG_VERSION").is_file():
+    if (
+        not base.name.startswith(CLUSTER_PREFIX)
+        or not (data / "PG_VERSION").is_file()
+        or not (base / KEPT_MARK).is_file()
+    ):
         raise BadClusterDir(
             f"{directory} is not a cluster left by `runledger demo --keep` "
-            f"(a {CLUSTER_PREFIX}* directory holding data/PG_VERSION)"
+            f"(a {CLUSTER_PREFIX}* directory holding data/PG_VERSION and {KEPT_MARK})"
         )
-    pid = _postmaster(data)
-    if pid is not None:
-        os.kill(pid, signal.SIGINT)  # "fast" shutdown: sessions end, the cluster stops
-        deadline = time.monotonic() + timeout
-        while _alive(pid):
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGQUIT)  # "immediate": no more waiting
-                break
-            time.sleep(0.05)
-    shutil.rmtree(base)
+    try:
+        pid = _postmaster(data)
+        if pid is not None:
+            os.kill(pid, signal.SIGINT)  # "fast" shutdown: sessions end, the cluster stops
+            deadline = time.monotonic() + timeout
+            while _alive(pid):
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGQUIT)  # "immediate": no more waiting
+                    break
+                time.sleep(0.05)
+        shutil.rmtree(base)
+    except OSError as exc:  # not ours to stop (another user's), or files in use
+        raise DemoError(f"cannot stop and remove {directory}: {exc}") from None
 
 
 def _postmaster(data: Path) -> int | None:

@@ -34,18 +34,20 @@ from runledger.flows import (
     Recordable,
     invoke,
 )
-from runledger.model import Call, CallStatus, FinishStatus, Outcome, Turn
+from runledger.model import Approval, Call, CallStatus, FinishStatus, Outcome, Turn
 from runledger.worker import poison
 from runledger.worker.calls import Calls, Settled, check_boundary, check_deadline
 from runledger.worker.crash import CrashPoints
 from runledger.worker.poison import UndecodableRun
 from runledger.worker.runs import (
+    MAX_PAUSE_REASON,
     ActiveRun,
     Backoff,
     Draining,
     Limits,
     LocalLeaseExpired,
     PolicyFailed,
+    awaiting_approval_reason,
     error_of,
     in_flight_reason,
     pause_reason,
@@ -212,6 +214,11 @@ class Executor:
                             await self._finish(active, FinishStatus.FAILED, tool, "tool_missing")
                             return
                         if paused or waits:  # after every sibling of the group finished
+                            # name every call of the turn that awaits a person, later
+                            # groups' too: the run is requeued only once all are decided
+                            waits = [
+                                x.idempotency_key for x in pending if x.approval is Approval.PENDING
+                            ]
                             why = pause_reason(c.run_id, paused, waits)
                             await self._finish(active, FinishStatus.PAUSED, None, why)
                             return
@@ -366,9 +373,18 @@ class Executor:
                 error = {"reason": reason, **detail}
                 await self.writes.complete(active, call, Outcome.UNKNOWN, error, None)
         keys = [x.idempotency_key for x in in_flight]
-        await self._finish(
-            active, FinishStatus.PAUSED, None, in_flight_reason(why, active.run_id, keys)
-        )
+        # resolving those requeues the run only once no call awaits approval: say so too
+        waits = [x.idempotency_key for x in calls if x.approval is Approval.PENDING]
+        more = ""
+        if waits:
+            more = f"; {awaiting_approval_reason(*waits)}"
+            if len(more) > MAX_PAUSE_REASON // 2:
+                more = (
+                    f"; {len(waits)} call(s) await approval "
+                    f"(`runledger status {active.run_id}` lists them)"
+                )
+        text = in_flight_reason(why, active.run_id, keys, reserve=len(more)) + more
+        await self._finish(active, FinishStatus.PAUSED, None, text)
 
     async def _decide(
         self,

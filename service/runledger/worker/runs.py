@@ -147,10 +147,12 @@ def pause_reason(run_id: str, unknown: Sequence[str], awaiting: Sequence[str]) -
     return f"{' and '.join(counts)}: `runledger status {run_id}` lists them"
 
 
-def in_flight_reason(why: str, run_id: str, keys: Sequence[str]) -> str:
+def in_flight_reason(why: str, run_id: str, keys: Sequence[str], *, reserve: int = 0) -> str:
     """The pause reason of a run given up on with calls that may have taken effect (now
     ``unknown``): ``why``, every key whole (up to a bound, then a count and where to see
-    them), and the command. Resolving the last one requeues the run."""
+    them), and the command, in at most ``MAX_PAUSE_REASON - reserve`` characters (what
+    ``finish_run`` stores, less what the caller appends). Resolving the last one requeues
+    the run."""
     if len(keys) == 1:
         return f"{why}; call {keys[0]} may have taken effect and is unknown: reconcile it with " + (
             resolve_command(keys[0])
@@ -162,7 +164,7 @@ def in_flight_reason(why: str, run_id: str, keys: Sequence[str]) -> str:
         f"{resolve_command('<key>')} and {len(keys)} more (`runledger status {run_id}` "
         "lists them)"
     )
-    budget = MAX_PAUSE_REASON - fixed
+    budget = MAX_PAUSE_REASON - reserve - fixed
     named: list[str] = []
     for key in keys:
         if named and sum(len(k) + 2 for k in named) + len(key) > budget:

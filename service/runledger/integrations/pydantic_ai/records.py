@@ -61,7 +61,7 @@ def failure(call: HistoryCall) -> tuple[str, Any, Any]:
             raised = None
         if isinstance(raised, dict) and raised.get(MARK) in ("retried", "failed"):
             return raised[MARK], raised.get("cause"), raised.get("content")
-    if reason == "denied":  # runledger deny KEY --reason ...: a person said no
+    if call.approval == "denied":  # runledger deny KEY --reason ...: a person said no
         note = error.get("note")
         why = f": {note}" if isinstance(note, str) and note else ""
         return "failed", None, f"A person denied this tool call{why}. It was not run."
