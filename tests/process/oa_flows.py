@@ -87,7 +87,11 @@ def answer(input: list[Any], asked: dict[str, Any], turn: int) -> list[TResponse
         _get(i, "call_id"): _get(i, "name") for i in input if _get(i, "type") == "function_call"
     }
     seen = [
-        {"tool": names[_get(i, "call_id")], "id": _get(i, "call_id"), "content": _get(i, "output")}
+        {
+            "tool": names.get(_get(i, "call_id")),
+            "id": _get(i, "call_id"),
+            "content": _get(i, "output"),
+        }
         for i in input
         if _get(i, "type") == "function_call_output"
     ]
