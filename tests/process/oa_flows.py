@@ -47,6 +47,7 @@ from runledger.integrations.openai_agents import agent_flow
 from tests.process import adapter_flows
 from tests.process.adapter_flows import GATE_ENV, SAFETY, find_charge, model_key, prompt, provider
 
+PREFIX = "oa"  # of the flow names, and of the run ids of the tests
 set_tracing_disabled(True)  # nothing here reaches OpenAI
 
 
@@ -158,7 +159,7 @@ def lane(i: int) -> Flow:
     """The agent's flow named ``oa-lane-<i>``."""
     return agent_flow(
         agent,
-        name=f"oa-lane-{i}",
+        name=f"{PREFIX}-lane-{i}",
         version="1",
         safety=SAFETY,
         prompt=prompt,
@@ -177,3 +178,19 @@ def __getattr__(name: str) -> Flow:
 def spec(i: int) -> str:
     """The ``--flows`` spec of lane ``i``."""
     return f"{__name__}:lane_{i}"
+
+
+# -- what the tests read of the journal ------------------------------------------------------
+
+
+def record_ids(record: dict[str, Any]) -> list[str]:
+    """The model's ``call_id`` s in a turn's recorded output items."""
+    return [i["call_id"] for i in record["output"] if i["type"] == "function_call"]
+
+
+def sent(result: Any) -> Any:
+    """The ``function_call_output`` the adapter sends for a call's journaled result: the
+    tool's string as it is, a receipt (a lookup's, an operator's) as compact JSON text."""
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, ensure_ascii=False, separators=(",", ":"))

@@ -14,8 +14,8 @@ at the named crash points, or are SIGSTOPped.
 The flows are ``tests/process/adapter_flows.py`` and ``tests/process/oa_flows.py``, the
 same plan-replaying model and tools; the model records every request at the fake provider
 (``model_key(run_id, turn)``), which is how requests are counted here. The expectations
-are the same for both adapters: :class:`Adapter` holds what differs (names, where a
-turn's record keeps the model's tool-call ids, how a result is sent to the model).
+are the same for both adapters; what differs (names, where a turn's record keeps the
+model's tool-call ids, how a result is sent to the model) is in the flows modules.
 Worker startup is what costs (the frameworks are preloaded in the fork server): each
 test starts its crashing workers at once, one run each, steered by flow name
 (``lane_<i>``), and recovers every run with one more worker. Leases are expired with the
@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -78,77 +76,19 @@ def seen_by_model(conn: Any, run_id: str) -> list[dict[str, Any]]:
 # -- the adapters ---------------------------------------------------------------------------
 
 
-def pai_record_ids(record: dict[str, Any]) -> list[str]:
-    """The model's tool-call ids in a turn's recorded Pydantic AI ``ModelResponse``."""
-    return [p["tool_call_id"] for p in record["parts"] if p["part_kind"] == "tool-call"]
+@pytest.fixture(
+    params=["tests.process.adapter_flows", "tests.process.oa_flows"],
+    ids=["pydantic_ai", "openai_agents"],
+)
+def adapter(request: pytest.FixtureRequest) -> ModuleType:
+    """The flows module of one adapter: ``PREFIX`` (of its flow names and of the run ids
+    here), ``lane(i)``/``spec(i)`` (a flow and its ``--flows`` spec), ``record_ids(record)``
+    (the model's tool-call ids in a turn's record) and ``sent(result)`` (what the model is
+    sent for a call's journaled result): what differs between the adapters."""
+    return importlib.import_module(request.param)
 
 
-def oa_record_ids(record: dict[str, Any]) -> list[str]:
-    """The model's ``call_id`` s in a turn's recorded Agents SDK output items."""
-    return [i["call_id"] for i in record["output"] if i["type"] == "function_call"]
-
-
-def oa_sent(result: Any) -> Any:
-    """The ``function_call_output`` the Agents SDK adapter sends for a journaled result: the
-    tool's string as it is, a receipt (a lookup's, an operator's) as compact JSON text."""
-    if isinstance(result, str):
-        return result
-    return json.dumps(result, ensure_ascii=False, separators=(",", ":"))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Adapter:
-    """What differs between the adapters under test; the tests and their expectations are
-    the same for both."""
-
-    name: str
-    module: str  # the flows module: lane(i), spec(i)
-    prefix: str  # of its run ids
-    record_ids: Callable[[dict[str, Any]], list[str]]  # the model's ids in a turn's record
-    sent: Callable[[Any], Any]  # what the model is sent for a call's journaled result
-
-    @property
-    def flows(self) -> ModuleType:
-        return importlib.import_module(self.module)
-
-    def lane_flow(self, i: int) -> str:
-        """The name of lane ``i``'s flow (a worker with ``spec(i)`` claims only its runs)."""
-        name: str = self.flows.lane(i).name
-        return name
-
-    def spec(self, i: int) -> str:
-        spec: str = self.flows.spec(i)
-        return spec
-
-    def run(self, name: str) -> str:
-        return f"{self.prefix}-{name}"
-
-
-ADAPTERS = [
-    Adapter(
-        name="pydantic_ai",
-        module="tests.process.adapter_flows",
-        prefix="pai",
-        record_ids=pai_record_ids,
-        sent=lambda result: result,  # a ToolReturnPart's content is the journaled value
-    ),
-    Adapter(
-        name="openai_agents",
-        module="tests.process.oa_flows",
-        prefix="oa",
-        record_ids=oa_record_ids,
-        sent=oa_sent,
-    ),
-]
-
-
-@pytest.fixture(params=ADAPTERS, ids=[a.name for a in ADAPTERS])
-def adapter(request: pytest.FixtureRequest) -> Adapter:
-    chosen: Adapter = request.param
-    return chosen
-
-
-def crash_lanes(workers: Any, adapter: Adapter, crashes: list[str], args: list[str]) -> None:
+def crash_lanes(workers: Any, adapter: ModuleType, crashes: list[str], args: list[str]) -> None:
     """Start one worker per lane ``i`` with lane ``i``'s flow only, dying at
     ``crashes[i]``, all at once; wait until every one has SIGKILLed itself."""
     started = []
@@ -164,7 +104,7 @@ def crash_lanes(workers: Any, adapter: Adapter, crashes: list[str], args: list[s
 
 
 def test_crash_windows_through_the_adapter(
-    adapter: Adapter,
+    adapter: ModuleType,
     forked_workers: Any,
     provider: Any,
     admin_conn: Any,
@@ -174,11 +114,11 @@ def test_crash_windows_through_the_adapter(
     workers = forked_workers
 
     def run_of(row: Row) -> str:
-        return adapter.run(f"{row.point}-{row.tool}")
+        return f"{adapter.PREFIX}-{row.point}-{row.tool}"
 
     for i, row in enumerate(ROWS):
         plan = [[{"tool": row.tool}], [{"tool": "ticket", "args": {"title": "after"}}]]
-        submit(admin_conn, run_of(row), plan, flow=adapter.lane_flow(i))
+        submit(admin_conn, run_of(row), plan, flow=adapter.lane(i).name)
     crash_lanes(workers, adapter, [f"{r.point}:{r.tool}" for r in ROWS], lease_args)
     for row in ROWS:
         crashed = run_row(admin_conn, run_of(row))
@@ -191,7 +131,7 @@ def test_crash_windows_through_the_adapter(
 
 
 def check_row(
-    adapter: Adapter,
+    adapter: ModuleType,
     row: Row,
     run_id: str,
     workers: Any,
@@ -269,7 +209,7 @@ DECIDE_PLAN = [
 
 
 def test_crash_around_the_model_request(
-    adapter: Adapter,
+    adapter: ModuleType,
     forked_workers: Any,
     provider: Any,
     admin_conn: Any,
@@ -279,10 +219,10 @@ def test_crash_around_the_model_request(
     workers = forked_workers
 
     def run_of(point: str, turn: int) -> str:
-        return adapter.run(f"{point}-{turn}")
+        return f"{adapter.PREFIX}-{point}-{turn}"
 
     for i, (point, turn) in enumerate(DECISION_CRASHES):
-        submit(admin_conn, run_of(point, turn), DECIDE_PLAN, flow=adapter.lane_flow(i))
+        submit(admin_conn, run_of(point, turn), DECIDE_PLAN, flow=adapter.lane(i).name)
     crash_lanes(workers, adapter, [f"{p}:{t}" for p, t in DECISION_CRASHES], lease_args)
     before: dict[str, list[dict[str, Any]]] = {}
     for point, turn in DECISION_CRASHES:
@@ -337,13 +277,13 @@ def test_crash_around_the_model_request(
 
 
 def test_same_model_call_id_in_two_runs_gets_two_keys(
-    adapter: Adapter, forked_workers: Any, provider: Any, admin_conn: Any, lease_args: list[str]
+    adapter: ModuleType, forked_workers: Any, provider: Any, admin_conn: Any, lease_args: list[str]
 ) -> None:
     workers = forked_workers
     plan = [[{"tool": "ticket", "args": {"title": "same id"}, "id": "call_same"}]]
-    runs = (adapter.run("same-id-a"), adapter.run("same-id-b"))
+    runs = (f"{adapter.PREFIX}-same-id-a", f"{adapter.PREFIX}-same-id-b")
     for run_id in runs:
-        submit(admin_conn, run_id, plan, flow=adapter.lane_flow(0))
+        submit(admin_conn, run_id, plan, flow=adapter.lane(0).name)
     workers.flows = [adapter.spec(0)]
     (w0,) = workers.start(1, args=lease_args)
     for run_id in runs:
@@ -361,7 +301,7 @@ def test_same_model_call_id_in_two_runs_gets_two_keys(
 
 
 def test_stopped_inside_the_model_request_is_fenced_at_record_turn(
-    adapter: Adapter,
+    adapter: ModuleType,
     forked_workers: Any,
     provider: Any,
     admin_conn: Any,
@@ -369,13 +309,13 @@ def test_stopped_inside_the_model_request_is_fenced_at_record_turn(
     lease_args: list[str],
 ) -> None:
     workers = forked_workers
-    run_id = adapter.run("stopped-in-model")
+    run_id = f"{adapter.PREFIX}-stopped-in-model"
     gate = "model"
     # w0's lease is long, so that when it wakes neither its lease keeper nor its local
     # deadline has noticed anything (as after a pause its monotonic clock did not see):
     # only the database can refuse its write
     long_lease = 120.0
-    submit(admin_conn, run_id, [[{"tool": "ticket"}]], flow=adapter.lane_flow(0))
+    submit(admin_conn, run_id, [[{"tool": "ticket"}]], flow=adapter.lane(0).name)
     workers.flows = [adapter.spec(0)]
     (w0,) = workers.start(1, env={GATE_ENV: gate}, args=["--lease-seconds", str(long_lease)])
     provider.client.wait_for_held(gate)  # w0 is inside the model request of turn 0
