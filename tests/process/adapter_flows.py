@@ -18,7 +18,8 @@ for the process tests of the adapter under crashes (``test_adapter_crashes.py``)
 
 The flows differ by name only: ``lane_<i>`` (flow ``pai-lane-<i>``) lets a test steer
 one run to one worker (``--flows tests.process.adapter_flows:lane_3``), since a worker
-claims only runs of the flows it has.
+claims only runs of the flows it has. ``oa_flows.py`` is the same for the OpenAI Agents
+SDK adapter, with these tools and helpers.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from runledger.flows import Flow, PolicyContext, ToolContext
 from runledger.integrations.pydantic_ai import agent_flow
 from runledger.testing.provider import ProviderClient
 
+PREFIX = "pai"  # of the flow names, and of the run ids of the tests
 GATE_ENV = "ADAPTER_MODEL_GATE"
 SAFETY = {"ticket": "idempotent", "charge": "lookup", "email": "unsafe", "read": "read_only"}
 
@@ -160,7 +162,7 @@ def lane(i: int) -> Flow:
     """The agent's flow named ``pai-lane-<i>``."""
     return agent_flow(
         agent,
-        name=f"pai-lane-{i}",
+        name=f"{PREFIX}-lane-{i}",
         version="1",
         safety=SAFETY,
         prompt=prompt,
@@ -179,3 +181,17 @@ def __getattr__(name: str) -> Flow:
 def spec(i: int) -> str:
     """The ``--flows`` spec of lane ``i``."""
     return f"{__name__}:lane_{i}"
+
+
+# -- what the tests read of the journal ------------------------------------------------------
+
+
+def record_ids(record: dict[str, Any]) -> list[str]:
+    """The model's tool-call ids in a turn's recorded ``ModelResponse``."""
+    return [p["tool_call_id"] for p in record["parts"] if p["part_kind"] == "tool-call"]
+
+
+def sent(result: Any) -> Any:
+    """What the model is sent for a call's journaled result: a ``ToolReturnPart`` whose
+    content is the journaled value."""
+    return result

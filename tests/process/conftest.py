@@ -81,7 +81,8 @@ def lease_args() -> list[str]:
 # -- workers forked from a preloaded server -------------------------------------------------
 
 # What the fork server imports once: a worker forked from it starts without paying for
-# these (about 2 s of CPU each with Pydantic AI, on the CI's two cores).
+# these (about 2 s of CPU each with Pydantic AI, 3 s with the Agents SDK, on the CI's two
+# cores).
 FORK_PRELOAD = [
     "pytest",
     "runledger.cli",
@@ -89,6 +90,7 @@ FORK_PRELOAD = [
     "runledger.worker.process",
     "runledger.integrations.pydantic_ai",
     "pydantic_ai.models.function",
+    "runledger.integrations.openai_agents",
 ]
 
 

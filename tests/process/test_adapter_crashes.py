@@ -1,5 +1,7 @@
-"""The Pydantic AI adapter under real crashes: ``agent_flow(Agent(FunctionModel))`` in real
-worker processes that SIGKILL themselves at the named crash points, or are SIGSTOPped.
+"""The agent adapters under real crashes, each test once per adapter: Pydantic AI's
+``agent_flow(Agent(FunctionModel))`` and the OpenAI Agents SDK's
+``agent_flow(Agent(model=PlanModel()))``, in real worker processes that SIGKILL themselves
+at the named crash points, or are SIGSTOPped.
 
 - every crash window x safety class of ``tests/crash_windows.py`` through the adapter,
   with the bare test's expectations, and the model asked once per turn;
@@ -9,16 +11,22 @@ worker processes that SIGKILL themselves at the named crash points, or are SIGST
 - a worker SIGSTOPped inside the model request, taken over, then SIGCONTed: its
   ``record_turn`` is refused by the database and the journal keeps one row per turn.
 
-The flows are ``tests/process/adapter_flows.py``; the model records every request at the
-fake provider (``model_key(run_id, turn)``), which is how requests are counted here.
-Worker startup (importing Pydantic AI) is what costs: each test starts its crashing
-workers at once, one run each, steered by flow name (``lane_<i>``), and recovers every
-run with one more worker. Leases are expired with the fake database clock.
+The flows are ``tests/process/adapter_flows.py`` and ``tests/process/oa_flows.py``, the
+same plan-replaying model and tools; the model records every request at the fake provider
+(``model_key(run_id, turn)``), which is how requests are counted here. The expectations
+are the same for both adapters; what differs (names, where a turn's record keeps the
+model's tool-call ids, how a result is sent to the model) is in the flows modules.
+Worker startup is what costs (the frameworks are preloaded in the fork server): each
+test starts its crashing workers at once, one run each, steered by flow name
+(``lane_<i>``), and recovers every run with one more worker. Leases are expired with the
+fake database clock.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -26,17 +34,12 @@ import pytest
 from runledger.testing import wait_for
 from runledger.worker.recovery import MarkUnknown, Reuse
 from tests.crash_windows import ROWS, Row
-from tests.process import adapter_flows
 from tests.process.adapter_flows import GATE_ENV, model_key
 from tests.process.conftest import LEASE, call_rows, events, run_row, submit, wait_status
 
 pytestmark = pytest.mark.process
 
 FINAL = ("succeeded", "paused", "failed")
-
-
-def lane_flow(i: int) -> str:
-    return f"pai-lane-{i}"
 
 
 def asked(provider: Any, run_id: str, turns: int) -> list[int]:
@@ -70,38 +73,53 @@ def seen_by_model(conn: Any, run_id: str) -> list[dict[str, Any]]:
     return seen
 
 
-def record_ids(record: dict[str, Any]) -> list[str]:
-    """The model's tool-call ids in a turn's recorded ``ModelResponse``."""
-    return [p["tool_call_id"] for p in record["parts"] if p["part_kind"] == "tool-call"]
+# -- the adapters ---------------------------------------------------------------------------
 
 
-def crash_lanes(workers: Any, crashes: list[str], args: list[str]) -> None:
-    """Start one worker per lane ``i`` with flow ``pai-lane-<i>`` only, dying at
+@pytest.fixture(
+    params=["tests.process.adapter_flows", "tests.process.oa_flows"],
+    ids=["pydantic_ai", "openai_agents"],
+)
+def adapter(request: pytest.FixtureRequest) -> ModuleType:
+    """The flows module of one adapter: ``PREFIX`` (of its flow names and of the run ids
+    here), ``lane(i)``/``spec(i)`` (a flow and its ``--flows`` spec), ``record_ids(record)``
+    (the model's tool-call ids in a turn's record) and ``sent(result)`` (what the model is
+    sent for a call's journaled result): what differs between the adapters."""
+    return importlib.import_module(request.param)
+
+
+def crash_lanes(workers: Any, adapter: ModuleType, crashes: list[str], args: list[str]) -> None:
+    """Start one worker per lane ``i`` with lane ``i``'s flow only, dying at
     ``crashes[i]``, all at once; wait until every one has SIGKILLed itself."""
     started = []
     for i, spec in enumerate(crashes):
-        workers.flows = [adapter_flows.spec(i)]
+        workers.flows = [adapter.spec(i)]
         started += workers.start(1, env={"RUNLEDGER_CRASH_AT": spec}, args=args)
     for i in started:
         assert workers.wait(i, timeout=60) == -9, workers.log(i)
-    workers.flows = [adapter_flows.spec(i) for i in range(len(crashes))]
+    workers.flows = [adapter.spec(i) for i in range(len(crashes))]
 
 
 # -- 1. every crash window x safety class ----------------------------------------------
 
 
 def test_crash_windows_through_the_adapter(
-    forked_workers: Any, provider: Any, admin_conn: Any, db_clock: Any, lease_args: list[str]
+    adapter: ModuleType,
+    forked_workers: Any,
+    provider: Any,
+    admin_conn: Any,
+    db_clock: Any,
+    lease_args: list[str],
 ) -> None:
     workers = forked_workers
 
     def run_of(row: Row) -> str:
-        return f"pai-{row.point}-{row.tool}"
+        return f"{adapter.PREFIX}-{row.point}-{row.tool}"
 
     for i, row in enumerate(ROWS):
         plan = [[{"tool": row.tool}], [{"tool": "ticket", "args": {"title": "after"}}]]
-        submit(admin_conn, run_of(row), plan, flow=lane_flow(i))
-    crash_lanes(workers, [f"{r.point}:{r.tool}" for r in ROWS], lease_args)
+        submit(admin_conn, run_of(row), plan, flow=adapter.lane(i).name)
+    crash_lanes(workers, adapter, [f"{r.point}:{r.tool}" for r in ROWS], lease_args)
     for row in ROWS:
         crashed = run_row(admin_conn, run_of(row))
         assert crashed["status"] == "running" and crashed["fencing_token"] == 1, (row.id, crashed)
@@ -109,11 +127,17 @@ def test_crash_windows_through_the_adapter(
     db_clock.advance(LEASE + 1)  # the dead workers' leases are over by the database clock
     (recovery,) = workers.start(1, args=lease_args)
     for row in ROWS:
-        check_row(row, run_of(row), workers, recovery, provider, admin_conn)
+        check_row(adapter, row, run_of(row), workers, recovery, provider, admin_conn)
 
 
 def check_row(
-    row: Row, run_id: str, workers: Any, recovery: int, provider: Any, admin_conn: Any
+    adapter: ModuleType,
+    row: Row,
+    run_id: str,
+    workers: Any,
+    recovery: int,
+    provider: Any,
+    admin_conn: Any,
 ) -> None:
     """The bare test's expectations for one row, plus the adapter's: one model request
     per turn (turn 0 was journaled before its call was sent), and the model is sent the
@@ -162,8 +186,10 @@ def check_row(
     # and the model was sent what the journal holds, under its own tool-call ids
     calls = call_rows(admin_conn, run_id)
     seen = seen_by_model(admin_conn, run_id)
-    assert [(s["tool"], s["content"]) for s in seen] == [(c["tool"], c["result"]) for c in calls]
-    assert [s["id"] for s in seen] == provider_ids(admin_conn, run_id)
+    assert [(s["tool"], s["content"]) for s in seen] == [
+        (c["tool"], adapter.sent(c["result"])) for c in calls
+    ], row.id
+    assert [s["id"] for s in seen] == provider_ids(admin_conn, run_id), row.id
 
 
 # -- 2. crashes around the model's decision ---------------------------------------------
@@ -183,16 +209,21 @@ DECIDE_PLAN = [
 
 
 def test_crash_around_the_model_request(
-    forked_workers: Any, provider: Any, admin_conn: Any, db_clock: Any, lease_args: list[str]
+    adapter: ModuleType,
+    forked_workers: Any,
+    provider: Any,
+    admin_conn: Any,
+    db_clock: Any,
+    lease_args: list[str],
 ) -> None:
     workers = forked_workers
 
     def run_of(point: str, turn: int) -> str:
-        return f"pai-{point}-{turn}"
+        return f"{adapter.PREFIX}-{point}-{turn}"
 
     for i, (point, turn) in enumerate(DECISION_CRASHES):
-        submit(admin_conn, run_of(point, turn), DECIDE_PLAN, flow=lane_flow(i))
-    crash_lanes(workers, [f"{p}:{t}" for p, t in DECISION_CRASHES], lease_args)
+        submit(admin_conn, run_of(point, turn), DECIDE_PLAN, flow=adapter.lane(i).name)
+    crash_lanes(workers, adapter, [f"{p}:{t}" for p, t in DECISION_CRASHES], lease_args)
     before: dict[str, list[dict[str, Any]]] = {}
     for point, turn in DECISION_CRASHES:
         run_id = run_of(point, turn)
@@ -232,11 +263,11 @@ def test_crash_around_the_model_request(
         for c in calls:
             assert len(provider.client.effects(c["idempotency_key"])) == 1, c
         # the journaled answer's tool-call ids map the results back to the model
-        ids = record_ids(journal[0]["record"])
+        ids = adapter.record_ids(journal[0]["record"])
         assert provider_ids(admin_conn, run_id) == ids, run_id
         seen = seen_by_model(admin_conn, run_id)
         assert [(s["tool"], s["id"], s["content"]) for s in seen] == [
-            (c["tool"], i, c["result"]) for c, i in zip(calls, ids, strict=True)
+            (c["tool"], i, adapter.sent(c["result"])) for c, i in zip(calls, ids, strict=True)
         ], run_id
         # the final decision's journaled output is the run's result
         assert json.loads(journal[1]["output"]) == {"done": 1, "seen": seen}, run_id
@@ -246,14 +277,14 @@ def test_crash_around_the_model_request(
 
 
 def test_same_model_call_id_in_two_runs_gets_two_keys(
-    forked_workers: Any, provider: Any, admin_conn: Any, lease_args: list[str]
+    adapter: ModuleType, forked_workers: Any, provider: Any, admin_conn: Any, lease_args: list[str]
 ) -> None:
     workers = forked_workers
     plan = [[{"tool": "ticket", "args": {"title": "same id"}, "id": "call_same"}]]
-    runs = ("pai-same-id-a", "pai-same-id-b")
+    runs = (f"{adapter.PREFIX}-same-id-a", f"{adapter.PREFIX}-same-id-b")
     for run_id in runs:
-        submit(admin_conn, run_id, plan, flow=lane_flow(0))
-    workers.flows = [adapter_flows.spec(0)]
+        submit(admin_conn, run_id, plan, flow=adapter.lane(0).name)
+    workers.flows = [adapter.spec(0)]
     (w0,) = workers.start(1, args=lease_args)
     for run_id in runs:
         final = wait_status(admin_conn, run_id, FINAL)
@@ -270,17 +301,22 @@ def test_same_model_call_id_in_two_runs_gets_two_keys(
 
 
 def test_stopped_inside_the_model_request_is_fenced_at_record_turn(
-    forked_workers: Any, provider: Any, admin_conn: Any, db_clock: Any, lease_args: list[str]
+    adapter: ModuleType,
+    forked_workers: Any,
+    provider: Any,
+    admin_conn: Any,
+    db_clock: Any,
+    lease_args: list[str],
 ) -> None:
     workers = forked_workers
-    run_id = "pai-stopped-in-model"
+    run_id = f"{adapter.PREFIX}-stopped-in-model"
     gate = "model"
     # w0's lease is long, so that when it wakes neither its lease keeper nor its local
     # deadline has noticed anything (as after a pause its monotonic clock did not see):
     # only the database can refuse its write
     long_lease = 120.0
-    submit(admin_conn, run_id, [[{"tool": "ticket"}]], flow=lane_flow(0))
-    workers.flows = [adapter_flows.spec(0)]
+    submit(admin_conn, run_id, [[{"tool": "ticket"}]], flow=adapter.lane(0).name)
+    workers.flows = [adapter.spec(0)]
     (w0,) = workers.start(1, env={GATE_ENV: gate}, args=["--lease-seconds", str(long_lease)])
     provider.client.wait_for_held(gate)  # w0 is inside the model request of turn 0
     workers.stop(w0)
