@@ -26,6 +26,36 @@ class Journal:
     calls: list[Call]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedJournal:
+    """What ``claim_runs_v2`` returns with a claimed run, not yet unpacked: the stalled-claim
+    count, and the turns and calls as the driver decoded them (each one JSON value, which
+    may be :class:`~runledger.db.decode.Undecodable`), or ``None`` when the claim did not
+    carry the journal (a run claimed again without progress)."""
+
+    stalled_claims: int
+    turns: Any
+    calls: Any
+
+    @property
+    def included(self) -> bool:
+        return self.turns is not None and self.calls is not None
+
+    def journal(self) -> Journal:
+        """The journal; raises (``TypeError`` and the like) when a part of it could not be
+        decoded as a whole: the caller finds the value call by call."""
+        return journal_from(self.stalled_claims, self.turns, self.calls)
+
+
+def journal_from(stalled_claims: int, turns: Any, calls: Any) -> Journal:
+    """A journal from its aggregated turns and calls (JSON arrays of rows)."""
+    return Journal(
+        stalled_claims=stalled_claims,
+        turns=[turn_from_row(t) for t in turns],
+        calls=[call_from_row(c) for c in calls],
+    )
+
+
 def run_from_row(r: Row) -> Run:
     return Run(
         run_id=RunId(r["run_id"]),
