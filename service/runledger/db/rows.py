@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,3 +112,22 @@ def turn_from_row(r: Row) -> Turn:
         record=r.get("record"),
         output=r.get("output"),
     )
+
+
+def _jsonb_key(key: str) -> tuple[int, bytes]:
+    raw = key.encode()
+    return len(raw), raw
+
+
+def as_stored(value: Any) -> Any:
+    """``value`` as ``jsonb`` gives it back: object keys in jsonb's order (shorter first,
+    then by their UTF-8 bytes), tuples as lists, and a float written with a positive
+    exponent as the integer jsonb's ``numeric`` keeps. What the worker keeps in memory of
+    a write is then what a reload of the journal would show."""
+    if isinstance(value, dict):
+        return {k: as_stored(value[k]) for k in sorted(value, key=_jsonb_key)}
+    if isinstance(value, list | tuple):
+        return [as_stored(v) for v in value]
+    if isinstance(value, float) and "e+" in repr(value):
+        return int(decimal.Decimal(repr(value)))
+    return value
