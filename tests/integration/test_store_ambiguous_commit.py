@@ -85,6 +85,18 @@ async def dispatched(store: Store) -> ClaimedRun:
     return claim
 
 
+NEXT = "amb-1:0:c2"
+
+
+async def two_planned(store: Store) -> ClaimedRun:
+    claim = await leased(store)
+    lease = (claim.run_id, claim.lease_id, claim.fencing_token)
+    calls = [{"call_id": "c1", "tool": "t", "args": {}}, {"call_id": "c2", "tool": "t"}]
+    await store.record_turn(*lease, 0, calls)
+    await store.dispatch_call(*lease, KEY)
+    return claim
+
+
 async def paused_unknown(store: Store) -> ClaimedRun:
     claim = await dispatched(store)
     lease = (claim.run_id, claim.lease_id, claim.fencing_token)
@@ -118,12 +130,12 @@ async def nothing(store: Store) -> None:
 # -- what the tables show ------------------------------------------------------------------
 
 
-def call_row(conn: Conn) -> dict[str, Any]:
+def call_row(conn: Conn, key: str = KEY) -> dict[str, Any]:
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
             "SELECT status, attempts, dispatched_token, completed_token, result, receipt, error,"
             " resolved_by, provider_id FROM runledger.run_calls WHERE idempotency_key = %s",
-            (KEY,),
+            (key,),
         )
         row = cur.fetchone()
     assert row is not None
@@ -184,6 +196,7 @@ class Case:
     act: Act
     returns: Any = None
     call: dict[str, Any] = field(default_factory=dict)  # columns of the call row
+    next_call: dict[str, Any] = field(default_factory=dict)  # columns of the call NEXT
     run: dict[str, Any] = field(default_factory=dict)  # columns of the run row
     turn: dict[str, Any] = field(default_factory=dict)  # columns of turn 0
     events: dict[str, int] = field(default_factory=dict)  # the events the write wrote
@@ -319,6 +332,100 @@ CASES = [
         repeatable=True,
     ),
     Case(
+        # the fast path (0008): the decision, the checkpoint before it, one transaction
+        "record_turn_v3",
+        "record_turn_v3",
+        leased,
+        lambda s, c: s.record_turn_v3(
+            *lease_of(c),
+            0,
+            [{"call_id": "c1", "tool": "t", "args": {}, "provider_id": "toolu_1"}],
+            record=DECISION_RECORD,
+            expected_version=0,
+            state={"completed_turns": 0},
+        ),
+        returns=1,
+        call={"status": "planned", "attempts": 0, "provider_id": "toolu_1"},
+        run={"state_version": 1, "state": {"completed_turns": 0}, "status": "running"},
+        turn={"record": DECISION_RECORD, "output": None},
+        events={"checkpoint": 1, "turn_recorded": 1},
+    ),
+    Case(
+        "record_turn_v3-no-state",
+        "record_turn_v3",
+        leased,
+        lambda s, c: s.record_turn_v3(
+            *lease_of(c), 0, [{"call_id": "c1", "tool": "t"}], expected_version=0
+        ),
+        returns=0,
+        call={"status": "planned", "attempts": 0},
+        run={"state_version": 0, "state": None},
+        events={"turn_recorded": 1},
+    ),
+    Case(
+        # the final decision ends the run: sent again, it would meet a lease that is gone
+        "record_turn_v3-final",
+        "record_turn_v3",
+        leased,
+        lambda s, c: s.record_turn_v3(
+            *lease_of(c),
+            0,
+            [],
+            record=DECISION_RECORD,
+            output=["ok"],
+            expected_version=0,
+            state={"completed_turns": 0},
+            finish=True,
+        ),
+        returns=1,
+        run={"status": "succeeded", "lease_id": None, "result": ["ok"], "state_version": 1},
+        turn={"calls": [], "record": DECISION_RECORD, "output": ["ok"]},
+        events={"checkpoint": 1, "turn_recorded": 1, "run_succeeded": 1},
+    ),
+    Case(
+        # a result and the next call's dispatch, one transaction
+        "complete_call_v2-succeeded",
+        "complete_call_v2",
+        two_planned,
+        lambda s, c: s.complete_call_v2(
+            *lease_of(c),
+            KEY,
+            "succeeded",
+            {"ok": 1},
+            {"id": 9},
+            next_key=NEXT,
+            next_attempts_seen=0,
+        ),
+        returns=1,
+        call={
+            "status": "succeeded",
+            "attempts": 1,
+            "completed_token": 1,
+            "result": {"ok": 1},
+            "receipt": {"id": 9},
+        },
+        next_call={"status": "dispatched", "attempts": 1, "dispatched_token": 1},
+        events={"call_succeeded": 1, "call_dispatched": 1},
+    ),
+    Case(
+        "complete_call_v2-failed",
+        "complete_call_v2",
+        two_planned,
+        lambda s, c: s.complete_call_v2(
+            *lease_of(c),
+            KEY,
+            "failed",
+            {"error": "refused"},
+            None,
+            next_key=NEXT,
+            next_attempts_seen=0,
+        ),
+        returns=1,
+        call={"status": "failed", "completed_token": 1, "error": {"error": "refused"}},
+        next_call={"status": "dispatched", "attempts": 1, "dispatched_token": 1},
+        events={"call_failed": 1, "call_dispatched": 1},
+    ),
+    Case(
         "finish_run-succeeded",
         "finish_run",
         leased,
@@ -433,6 +540,9 @@ async def test_a_write_applies_once_after_a_lost_acknowledgement(
     if case.call:
         row = call_row(admin_conn)
         assert {k: row[k] for k in case.call} == case.call
+    if case.next_call:
+        row = call_row(admin_conn, NEXT)
+        assert {k: row[k] for k in case.next_call} == case.next_call
     if case.run:
         row = run_row(admin_conn)
         assert {k: row[k] for k in case.run} == case.run

@@ -68,6 +68,30 @@ CONTRACT: list[Fn] = [
         ],
     ),
     Fn(
+        "claim_runs_v2",
+        [
+            ("p_worker_id", "text"),
+            ("p_flows", "text[]"),
+            ("p_lease", "interval"),
+            ("p_max_runs", "int"),
+        ],
+        [
+            ("run_id", "text"),
+            ("flow", "text"),
+            ("flow_version", "text"),
+            ("input", "jsonb"),
+            ("state", "jsonb"),
+            ("state_version", "bigint"),
+            ("fencing_token", "bigint"),
+            ("lease_id", "uuid"),
+            ("lease_expires_at", "timestamptz"),
+            ("takeover", "boolean"),
+            ("stalled_claims", "integer"),
+            ("turns", "json"),
+            ("calls", "json"),
+        ],
+    ),
+    Fn(
         "renew_leases",
         [
             ("p_worker_id", "text"),
@@ -114,6 +138,22 @@ CONTRACT: list[Fn] = [
         defaults=1,
     ),
     Fn(
+        "record_turn_v3",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_turn", "int"),
+            ("p_calls", "jsonb"),
+            ("p_record", "jsonb"),
+            ("p_output", "jsonb"),
+            ("p_expected_version", "bigint"),
+            ("p_state", "jsonb"),
+            ("p_finish", "boolean"),
+        ],
+        "bigint",
+    ),
+    Fn(
         "dispatch_call",
         [
             ("p_run_id", "text"),
@@ -135,6 +175,21 @@ CONTRACT: list[Fn] = [
             ("p_receipt", "jsonb"),
         ],
         "void",
+    ),
+    Fn(
+        "complete_call_v2",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_idempotency_key", "text"),
+            ("p_outcome", "text"),
+            ("p_result", "jsonb"),
+            ("p_receipt", "jsonb"),
+            ("p_next_key", "text"),
+        ],
+        "int",
+        defaults=1,
     ),
     Fn(
         "finish_run",

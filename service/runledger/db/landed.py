@@ -26,12 +26,14 @@ from runledger.db.results import (
     DECIDED_EVENT,
     DECIDED_STATUS,
     RESOLVED_STATUS,
+    Advanced,
     Checkpointed,
     Completed,
     Decided,
     Dispatched,
     Finished,
     Pruned,
+    Recorded,
     Released,
     Requeued,
     Resolved,
@@ -171,6 +173,58 @@ class ReadBacks(Reads):
         ):
             return None
         return Completed(idempotency_key=IdempotencyKey(key), outcome=outcome, status=status)
+
+    async def advanced(
+        self,
+        run_id: str,
+        key: str,
+        fencing_token: int,
+        outcome: Outcome,
+        next_key: str,
+        next_attempts_seen: int,
+    ) -> Advanced | None:
+        """``complete_call_v2`` with a next call: one transaction, so the completion
+        (read back as :meth:`completed`) is the witness; the next call's dispatch of this
+        attempt (``attempts_seen + 1``) under our token must be in the journal with it."""
+        done = await self.completed(run_id, key, fencing_token, outcome)
+        if done is None:
+            return None
+        attempt = next_attempts_seen + 1
+        if not await self._journaled(
+            run_id,
+            "call_dispatched",
+            fencing_token=fencing_token,
+            detail={"idempotency_key": next_key, "attempt": attempt},
+        ):
+            return None
+        return Advanced(
+            idempotency_key=IdempotencyKey(key),
+            outcome=outcome,
+            next_key=IdempotencyKey(next_key),
+            attempt=attempt,
+        )
+
+    async def recorded(
+        self, run_id: str, fencing_token: int, turn: int, finish: bool
+    ) -> Recorded | None:
+        """``record_turn_v3``: the ``turn_recorded`` event of this turn under our token
+        (a lease records a turn once; the checkpoint and the finish are in its
+        transaction). Its state_version is the version the write left."""
+        rows = await self._read(
+            """SELECT e.state_version FROM runledger.run_events e
+               WHERE e.run_id = %s AND e.kind = 'turn_recorded' AND e.fencing_token = %s
+                 AND e.detail @> %s::jsonb
+               ORDER BY e.event_id DESC LIMIT 1""",
+            (run_id, fencing_token, Jsonb({"turn": turn})),
+        )
+        if not rows:
+            return None
+        return Recorded(
+            run_id=RunId(run_id),
+            turn=turn,
+            state_version=int(rows[0]["state_version"]),
+            finished=finish,
+        )
 
     async def finished(
         self, run_id: str, fencing_token: int, status: FinishStatus

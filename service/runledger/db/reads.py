@@ -6,7 +6,7 @@ from typing import Any
 
 from runledger import errors
 from runledger.db.execution import Executor
-from runledger.db.rows import Journal, call_from_row, run_from_row, turn_from_row
+from runledger.db.rows import Journal, call_from_row, journal_from, run_from_row
 from runledger.db.validate import check_text
 from runledger.model import RUN_ID_RE, Call, Event, Run
 
@@ -60,11 +60,7 @@ class Reads(Executor):
         if not rows:
             raise errors.RunNotFound(f"run {run_id} not found", run_id=run_id)
         row = rows[0]
-        return Journal(
-            stalled_claims=row["stalled_claims"],
-            turns=[turn_from_row(t) for t in row["turns"]],
-            calls=[call_from_row(c) for c in row["calls"]],
-        )
+        return journal_from(row["stalled_claims"], row["turns"], row["calls"])
 
     async def list_turns(self, run_id: str) -> list[tuple[int, list[dict[str, Any]]]]:
         check_text("run id", run_id)

@@ -40,6 +40,28 @@ class Completed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Advanced:
+    """A call completed and the next one dispatched, in one transaction
+    (``complete_call_v2``)."""
+
+    idempotency_key: IdempotencyKey  # the completed call
+    outcome: Outcome
+    next_key: IdempotencyKey
+    attempt: int  # the next call's attempt number
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recorded:
+    """A decision recorded (``record_turn_v3``), with the checkpoint before it and, for the
+    final decision, the run's success."""
+
+    run_id: RunId
+    turn: int
+    state_version: int
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Finished:
     run_id: RunId
     status: RunStatus

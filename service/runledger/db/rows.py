@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,36 @@ class Journal:
     stalled_claims: int
     turns: list[Turn]
     calls: list[Call]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedJournal:
+    """What ``claim_runs_v2`` returns with a claimed run, not yet unpacked: the stalled-claim
+    count, and the turns and calls as the driver decoded them (each one JSON value, which
+    may be :class:`~runledger.db.decode.Undecodable`), or ``None`` when the claim did not
+    carry the journal (a run claimed again without progress)."""
+
+    stalled_claims: int
+    turns: Any
+    calls: Any
+
+    @property
+    def included(self) -> bool:
+        return self.turns is not None and self.calls is not None
+
+    def journal(self) -> Journal:
+        """The journal; raises (``TypeError`` and the like) when a part of it could not be
+        decoded as a whole: the caller finds the value call by call."""
+        return journal_from(self.stalled_claims, self.turns, self.calls)
+
+
+def journal_from(stalled_claims: int, turns: Any, calls: Any) -> Journal:
+    """A journal from its aggregated turns and calls (JSON arrays of rows)."""
+    return Journal(
+        stalled_claims=stalled_claims,
+        turns=[turn_from_row(t) for t in turns],
+        calls=[call_from_row(c) for c in calls],
+    )
 
 
 def run_from_row(r: Row) -> Run:
@@ -81,3 +112,22 @@ def turn_from_row(r: Row) -> Turn:
         record=r.get("record"),
         output=r.get("output"),
     )
+
+
+def _jsonb_key(key: str) -> tuple[int, bytes]:
+    raw = key.encode()
+    return len(raw), raw
+
+
+def as_stored(value: Any) -> Any:
+    """``value`` as ``jsonb`` gives it back: object keys in jsonb's order (shorter first,
+    then by their UTF-8 bytes), tuples as lists, and a float written with a positive
+    exponent as the integer jsonb's ``numeric`` keeps. What the worker keeps in memory of
+    a write is then what a reload of the journal would show."""
+    if isinstance(value, dict):
+        return {k: as_stored(value[k]) for k in sorted(value, key=_jsonb_key)}
+    if isinstance(value, list | tuple):
+        return [as_stored(v) for v in value]
+    if isinstance(value, float) and "e+" in repr(value):
+        return int(decimal.Decimal(repr(value)))
+    return value

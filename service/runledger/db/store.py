@@ -13,7 +13,8 @@ sent again.
 
 Split by concern: ``execution`` (pool, retries, SQLSTATE mapping), ``reads`` (runs,
 calls, journal, events), ``landed`` (read-backs), ``operator`` (the operator's writes),
-this module (connecting, and the worker's writes).
+``fastpath`` (the worker's fused writes), this module (connecting, and the worker's
+writes).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from runledger import errors
 from runledger.config import default, url_connect_timeout
 from runledger.db import decode
 from runledger.db.execution import connect_error, connect_timeout_param, map_error, probe, word
+from runledger.db.fastpath import FastPath, claimed_run
 from runledger.db.landed import FINISHED_STATUS
-from runledger.db.operator import OperatorWrites
 from runledger.db.results import (
     CALL_STATUS_AFTER,
     Checkpointed,
@@ -44,10 +45,8 @@ from runledger.db.results import (
 from runledger.db.validate import check_int32, check_text
 from runledger.model import (
     ClaimedRun,
-    FencingToken,
     FinishStatus,
     IdempotencyKey,
-    LeaseId,
     Outcome,
     RenewedLease,
     RunId,
@@ -59,9 +58,10 @@ __all__ = ["Store", "map_error"]
 MAX_REASON_CHARS = 200
 
 
-class Store(OperatorWrites):
+class Store(FastPath):
     """One method per contract function, over a psycopg async pool (the operator's
-    functions in :class:`~runledger.db.operator.OperatorWrites`)."""
+    functions in :class:`~runledger.db.operator.OperatorWrites`, the worker's fast path
+    in :class:`~runledger.db.fastpath.FastPath`)."""
 
     @classmethod
     async def connect(
@@ -152,21 +152,7 @@ class Store(OperatorWrites):
             "SELECT * FROM runledger.claim_runs(%s, %s::text[], %s::interval, %s)",
             (worker_id, list(flows), lease, max_runs),
         )
-        return [
-            ClaimedRun(
-                run_id=RunId(r["run_id"]),
-                flow=r["flow"],
-                flow_version=r["flow_version"],
-                input=r["input"],
-                state=r["state"],
-                state_version=r["state_version"],
-                fencing_token=FencingToken(r["fencing_token"]),
-                lease_id=LeaseId(r["lease_id"]),
-                lease_expires_at=r["lease_expires_at"],
-                takeover=r["takeover"],
-            )
-            for r in rows
-        ]
+        return [claimed_run(r) for r in rows]
 
     async def renew_leases(
         self,

@@ -19,7 +19,7 @@ from typing import Any
 
 from runledger import errors
 from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke, using_tool_context
-from runledger.model import Call, Outcome
+from runledger.model import Approval, Call, CallStatus, Outcome
 from runledger.worker import recovery
 from runledger.worker.crash import CrashPoints
 from runledger.worker.recovery import Known, LookedUp, Window
@@ -64,9 +64,23 @@ class Calls:
         self.limits = limits
         self.crash = crash
 
-    async def settle(self, active: ActiveRun, flow: Flow, call: Call) -> Settled:
+    async def settle(
+        self,
+        active: ActiveRun,
+        flow: Flow,
+        call: Call,
+        *,
+        next_call: Call | None = None,
+        dispatched: int | None = None,
+    ) -> tuple[Settled, int | None]:
         """Bring one call to succeeded or failed, or to unknown (paused); a call awaiting
-        approval is left as it is."""
+        approval is left as it is.
+
+        ``next_call``: the planned call that runs right after this one. When this call
+        completes succeeded or failed and the lease allows another send, the completion
+        dispatches it in the same transaction, and its attempt number is returned with
+        the settlement. ``dispatched``: this call's own attempt number, when the previous
+        call's completion dispatched it; it is then sent at once."""
         tool = flow.tools.get(call.tool)
         known = Known(
             window=recovery.window_of(call.status, call.approval),
@@ -91,31 +105,43 @@ class Calls:
         asks = Backoff(self.limits)
         while True:
             step = recovery.next_step(known)
+            if dispatched is not None and step != recovery.Dispatch(backoff=False):
+                raise AssertionError(f"{call.idempotency_key} was dispatched, next is {step}")
             match step:
                 case recovery.Reuse():
-                    return Settled.DONE
+                    return Settled.DONE, None
                 case recovery.Pause():
-                    return Settled.PAUSED
+                    return Settled.PAUSED, None
                 case recovery.AwaitApproval():
-                    return Settled.AWAITING_APPROVAL
+                    return Settled.AWAITING_APPROVAL, None
                 case recovery.ToolMissing():
-                    return Settled.TOOL_MISSING
+                    return Settled.TOOL_MISSING, None
                 case recovery.MarkUnknown(error=error):
                     await self.writes.complete(active, call, Outcome.UNKNOWN, error, None)
-                    return Settled.PAUSED
+                    return Settled.PAUSED, None
                 case recovery.Complete(outcome=outcome, error=error):
+                    final = outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
+                    nxt = self._next_to_send(active, flow, next_call) if final else None
+                    if nxt is not None:
+                        # the next call's dispatch commits with this result: from here on
+                        # it is before that dispatch, as in the separate writes
+                        self.crash.hit("before_dispatch", nxt.tool)
                     if outcome is Outcome.SUCCEEDED:
                         result, receipt = in_hand
-                        await self.writes.complete(active, call, outcome, result, receipt)
+                        sent = await self.writes.complete(
+                            active, call, outcome, result, receipt, next_call=nxt
+                        )
                         if known.window is Window.RETURNED:
                             assert tool is not None
                             self.crash.hit("after_complete", tool.name)
-                        return Settled.DONE
-                    await self.writes.complete(active, call, outcome, error, None)
+                        return Settled.DONE, sent
+                    sent = await self.writes.complete(
+                        active, call, outcome, error, None, next_call=nxt
+                    )
                     if outcome is Outcome.NOT_APPLIED:  # back to planned, same key
                         known = dataclasses.replace(known, window=Window.PLANNED)
                         continue
-                    return Settled.DONE
+                    return Settled.DONE, sent
                 case recovery.Lookup(backoff=wait):
                     assert tool is not None
                     if wait:
@@ -127,27 +153,42 @@ class Calls:
                     assert tool is not None
                     if wait:
                         await sends.sleep()
-                    attempt, known, in_hand = await self._send(active, tool, call, known)
+                    attempt, known, in_hand = await self._send(
+                        active, tool, call, known, dispatched
+                    )
+                    dispatched = None
+
+    def _next_to_send(self, active: ActiveRun, flow: Flow, call: Call | None) -> Call | None:
+        """``call``, if its first step is a plain send (planned, needing no approval, a
+        tool of this flow) and the lease allows another send now; else None."""
+        if call is None or call.status is not CallStatus.PLANNED:
+            return None
+        if call.approval is Approval.PENDING or call.tool not in flow.tools:
+            return None
+        if active.draining or time.monotonic() >= active.deadline:
+            return None  # this call completes alone; the boundary stops the next step
+        return call
 
     async def _send(
-        self, active: ActiveRun, tool: Tool[Any], call: Call, known: Known
+        self,
+        active: ActiveRun,
+        tool: Tool[Any],
+        call: Call,
+        known: Known,
+        dispatched: int | None = None,
     ) -> tuple[int, Known, tuple[Any, dict[str, Any] | None]]:
-        """``dispatch_call`` (committed before the tool runs), then invoke the tool."""
+        """``dispatch_call`` (committed before the tool runs), then invoke the tool. With
+        ``dispatched`` the dispatch committed already (with the previous call's result)."""
         c = active.claim
-        check_boundary(active)
-        self.crash.hit("before_dispatch", tool.name)
-        attempt = await self.writes.write(
-            active,
-            "dispatch_call",
-            self.writes.store.dispatch_call(
-                c.run_id,
-                c.lease_id,
-                c.fencing_token,
-                call.idempotency_key,
-                # attempts only grow while we hold the lease: the count before this send
-                attempts_seen=known.attempts + known.tries,
-            ),
-        )
+        if dispatched is None:
+            check_boundary(active)
+            self.crash.hit("before_dispatch", tool.name)
+            # attempts only grow while we hold the lease: the count before this send
+            attempt = await self.writes.dispatch(
+                active, call, attempts_seen=known.attempts + known.tries
+            )
+        else:
+            attempt = dispatched
         self.crash.hit("after_dispatch", tool.name)
         check_deadline(active)  # no call starts after the local deadline
         sent = dataclasses.replace(

@@ -10,7 +10,14 @@ tool returned, before ``complete_call`` -- or ``after_complete``), optionally on
 ``load_journal`` kills while loading a run's journal; its second part is the run id
 (``load_journal:my-run``), which then must not contain ``:``.
 ``after_decide`` kills when the policy (the model) has answered and nothing of its
-decision is journaled; ``after_record_turn`` right after ``record_turn_v2`` committed.
+decision is journaled; ``after_record_turn`` right after the decision committed
+(``record_turn_v3``; for the final decision, which otherwise ends the run in the same
+commit, the worker armed with this point records it first and finishes the run after).
+
+The fast path fuses writes; the points keep their meaning on it. A call's result and
+the next call's dispatch are one commit (``complete_call_v2``): ``before_dispatch`` of
+that next call kills before it (the previous call's result is not committed either),
+``after_complete`` of the previous call and ``after_dispatch`` of the next kill after it.
 Their second part is the turn number (``after_decide:0``: the first decision;
 ``after_record_turn:2:1``: the first time turn 2 is recorded in this process).
 """
@@ -72,6 +79,12 @@ class CrashPoints:
     @property
     def armed(self) -> bool:
         return bool(self.specs)
+
+    def wants(self, point: str, tool: str) -> bool:
+        """Whether a spec names this point (and this tool, turn or run id, or none): the
+        worker then keeps open the moment that a fused write would close (the final
+        decision recorded, the run not finished yet), so the point still kills there."""
+        return any(s.point == point and s.tool in (None, tool) for s in self.specs)
 
     def hit(self, point: str, tool: str) -> None:
         """``tool`` is the tool's name, the run id for ``load_journal``, the turn number

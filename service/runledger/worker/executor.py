@@ -8,15 +8,22 @@
 2. Each call of the turn is settled by :class:`~runledger.worker.calls.Calls`, one loop
    per call carrying out the crash-window table of :mod:`runledger.worker.recovery`:
    ``dispatch_call`` commits before the tool is invoked, ``complete_call`` commits the
-   result and the provider's receipt before the next step.
+   result and the provider's receipt before the next step. For calls that run one after
+   another, the result of one and the dispatch of the next are one commit
+   (``complete_call_v2``).
 3. A call that settles ``unknown`` pauses the run, and so does a call that awaits a
-   person's approval (it is not sent; the other calls of its group run first); the turn
-   is checkpointed once every call of it is final, then the policy decides the next turn.
+   person's approval (it is not sent; the other calls of its group run first); once every
+   call of the turn is final the turn is due a checkpoint, then the policy decides the
+   next turn. The checkpoint commits with that decision (``record_turn_v3``), and the
+   final decision also ends the run: one commit each. A checkpoint still due when the run
+   ends otherwise (fails, pauses, is handed back) is written on its own first.
+
+The journal comes with the claim (``claim_runs_v2``) and is kept in memory for the rest
+of the lease (:mod:`runledger.worker.journal`): nothing is read back after a write.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -38,6 +45,8 @@ from runledger.model import Approval, Call, CallStatus, FinishStatus, Outcome, T
 from runledger.worker import poison
 from runledger.worker.calls import Calls, Settled, check_boundary, check_deadline
 from runledger.worker.crash import CrashPoints
+from runledger.worker.groups import call_groups, settle_group
+from runledger.worker.journal import LocalJournal
 from runledger.worker.poison import UndecodableRun
 from runledger.worker.runs import (
     MAX_PAUSE_REASON,
@@ -54,23 +63,9 @@ from runledger.worker.runs import (
 )
 from runledger.worker.writes import Writes
 
-__all__ = ["ActiveRun", "Draining", "Executor", "Limits", "LocalLeaseExpired"]
+__all__ = ["ActiveRun", "Draining", "Executor", "Limits", "LocalLeaseExpired", "call_groups"]
 
 log = logging.getLogger(__name__)
-
-
-def call_groups(flow: Flow, calls: list[Call]) -> list[list[Call]]:
-    """The calls of a turn, in order, as groups that run one after another: consecutive
-    calls whose tools may run in parallel (:meth:`Flow.runs_in_parallel`) form one
-    group; every other call is a group of its own."""
-    groups: list[list[Call]] = []
-    for x in calls:
-        together = flow.runs_in_parallel(x.tool)
-        if together and groups and flow.runs_in_parallel(groups[-1][-1].tool):
-            groups[-1].append(x)
-        else:
-            groups.append([x])
-    return groups
 
 
 class Executor:
@@ -107,6 +102,11 @@ class Executor:
             log.warning("write refused: lease lost, dropping run", extra=fields)
             await self.writes.report_stale(active, exc)
         except Draining:
+            try:
+                await self.writes.checkpoint_due(active)
+            except errors.LeaseLost as exc:
+                await self.writes.report_stale(active, exc)
+                return
             await self.writes.release(active)
         except LocalLeaseExpired:
             log.warning("local lease deadline passed, stopping run", extra=fields)
@@ -122,6 +122,13 @@ class Executor:
         if self.writes.busy(active.run_id):
             return  # a write of this run is still in flight: let the lease expire
         try:
+            try:
+                await self.writes.checkpoint_due(active)
+            except Exception as checkpoint_exc:  # the release still says why
+                log.warning(
+                    "could not write the checkpoint due before the release",
+                    extra={"run_id": active.run_id, "error": repr(checkpoint_exc)},
+                )
             await self.writes.release(active, reason="worker_error", error=error_of(exc))
         except Exception as release_exc:
             log.warning(
@@ -142,14 +149,19 @@ class Executor:
     async def _finish(
         self, active: ActiveRun, status: FinishStatus, result: Any, reason: str | None
     ) -> None:
+        await self.writes.checkpoint_due(active)
         await self.writes.finish(active, status, result, reason)
 
     async def _drive(self, active: ActiveRun) -> None:
         c = active.claim
         # Before anything of the run is loaded or decoded: a run that keeps crashing the
-        # worker while loading must still end as crash_loop. The claim row does not
-        # carry the count; this reads the run row (which the claim decoded already).
-        stalled = (await self.store.get_run(c.run_id)).stalled_claims
+        # worker while loading must still end as crash_loop. claim_runs_v2 carries the
+        # count (and the journal only for a run that made progress since its last claim);
+        # a claim without it (claim_runs) reads the run row.
+        if active.loaded is not None:
+            stalled = active.loaded.stalled_claims
+        else:
+            stalled = (await self.store.get_run(c.run_id)).stalled_claims
         if stalled > self.limits.max_stalled_claims:
             await self._give_up(active, stalled)
             return
@@ -162,12 +174,17 @@ class Executor:
         except UndecodableRun as exc:
             await self._undecodable(active, exc)
 
-    async def _journal(self, run_id: str) -> Journal:
-        """The run's turns and calls; :class:`UndecodableRun` if any value of them is
-        undecodable JSON."""
+    async def _journal(self, active: ActiveRun) -> Journal:
+        """The run's turns and calls, from the claim or else read; :class:`UndecodableRun`
+        if any value of them is undecodable JSON."""
+        run_id = active.run_id
         self.crash.hit("load_journal", run_id)
+        loaded, active.loaded = active.loaded, None
         try:
-            journal = await self.store.load_journal(run_id)
+            if loaded is not None and loaded.included:
+                journal = loaded.journal()
+            else:
+                journal = await self.store.load_journal(run_id)
         except (errors.RunLedgerError, psycopg.Error):
             raise
         except Exception as exc:
@@ -187,8 +204,9 @@ class Executor:
         flow = self.flows[f"{c.flow}@{c.flow_version}"]
         max_turns = flow.max_turns or self.limits.max_turns
         max_calls = flow.max_calls or self.limits.max_calls
-        journal = await self._journal(c.run_id)
-        state_version = c.state_version
+        journal = LocalJournal(c.run_id, await self._journal(active))
+        active.journal = journal
+        active.state_version = c.state_version
         completed = int((c.state or {}).get("completed_turns", 0))
         while True:
             turns, calls = journal.turns, journal.calls
@@ -202,41 +220,12 @@ class Executor:
                     return
                 pending = [x for x in calls if x.turn == last and not x.status.terminal]
                 if pending:
-                    for group in call_groups(flow, pending):
-                        settled = await self._settle_group(active, flow, group)
-                        paused = [x.idempotency_key for x, s in settled if s is Settled.PAUSED]
-                        waits = [
-                            x.idempotency_key for x, s in settled if s is Settled.AWAITING_APPROVAL
-                        ]
-                        missing = [x for x, s in settled if s is Settled.TOOL_MISSING]
-                        if missing:
-                            tool = {"tool": missing[0].tool}
-                            await self._finish(active, FinishStatus.FAILED, tool, "tool_missing")
-                            return
-                        if paused or waits:  # after every sibling of the group finished
-                            # name every call of the turn that awaits a person, later
-                            # groups' too: the run is requeued only once all are decided
-                            waits = [
-                                x.idempotency_key for x in pending if x.approval is Approval.PENDING
-                            ]
-                            why = pause_reason(c.run_id, paused, waits)
-                            await self._finish(active, FinishStatus.PAUSED, None, why)
-                            return
-                    # every call of the turn is final now: read the journal again
-                    journal = await self._journal(c.run_id)
-                    continue
+                    if not await self._settle_turn(active, flow, pending):
+                        return  # paused or failed
+                    continue  # every call of the turn is final now (the journal knows)
                 if completed < last + 1:  # also after an operator resolved the last call
-                    state_version = await self.writes.write(
-                        active,
-                        "checkpoint",
-                        self.store.checkpoint(
-                            c.run_id,
-                            c.lease_id,
-                            c.fencing_token,
-                            state_version,
-                            {"completed_turns": last + 1},
-                        ),
-                    )
+                    # due now, written with the next decision (or alone, if none comes)
+                    active.checkpoint_due = {"completed_turns": last + 1}
                     completed = last + 1
             next_turn = len(turns)
             check_boundary(active)
@@ -262,11 +251,15 @@ class Executor:
                 await self._finish(active, FinishStatus.FAILED, budget, "budget_exceeded")
                 return
             check_deadline(active)
+            # The final decision ends the run in the same commit -- unless a crash point
+            # asks for the moment between the two (a decision recorded, the run not
+            # finished: how a worker of the previous release leaves it)
+            finish = not payload and not self.crash.wants("after_record_turn", str(next_turn))
             try:
-                await self.writes.write(
+                active.state_version = await self.writes.write(
                     active,
                     "record_turn",
-                    self.store.record_turn(
+                    self.store.record_turn_v3(
                         c.run_id,
                         c.lease_id,
                         c.fencing_token,
@@ -274,42 +267,54 @@ class Executor:
                         payload,
                         record=decision.record,
                         output=decision.output,
+                        expected_version=active.state_version,
+                        state=active.checkpoint_due,
+                        finish=finish,
                     ),
                 )
             except errors.InvalidInput as exc:  # e.g. args the database cannot store
                 await self._finish(active, FinishStatus.FAILED, error_of(exc), "invalid_decision")
                 return
+            active.checkpoint_due = None
             self.crash.hit("after_record_turn", str(next_turn))
-            journal = await self._journal(c.run_id)
+            journal.recorded(next_turn, payload, decision.record, decision.output)
+            if finish:
+                self.writes.finished(active, FinishStatus.SUCCEEDED, None)
+                return
 
-    async def _settle_group(
-        self, active: ActiveRun, flow: Flow, group: list[Call]
-    ) -> list[tuple[Call, Settled]]:
-        """Settle the calls of ``group`` at the same time (one call: just that one).
-
-        Every call runs to its own end -- a sibling that hits the lease's boundary or a
-        refusal does not cut the others off midway: each checks the lease itself before
-        it sends and on every write. If the run is fenced (its task cancelled) the calls
-        are abandoned as a single call is. Then the first failure, if any, is raised
-        (a lost lease before a local deadline before a drain)."""
-        if len(group) == 1:
-            return [(group[0], await self.calls.settle(active, flow, group[0]))]
-        tasks = [asyncio.ensure_future(self.calls.settle(active, flow, x)) for x in group]
-        try:
-            await asyncio.wait(tasks)
-        except asyncio.CancelledError:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        failures = [exc for t in tasks if (exc := t.exception()) is not None]
-        if failures:
-            for kind in (errors.LeaseLost, LocalLeaseExpired, Draining):
-                for exc in failures:
-                    if isinstance(exc, kind):
-                        raise exc
-            raise failures[0]
-        return [(x, t.result()) for x, t in zip(group, tasks, strict=True)]
+    async def _settle_turn(self, active: ActiveRun, flow: Flow, pending: list[Call]) -> bool:
+        """Settle the open calls of the turn, group after group; False when the run was
+        paused or failed for this. A single call followed by a single call dispatches
+        that one with its own result (one commit)."""
+        c = active.claim
+        groups = call_groups(flow, pending)
+        carried: int | None = None  # the next call's attempt, dispatched with a result
+        for i, group in enumerate(groups):
+            if len(group) == 1:
+                after = groups[i + 1] if i + 1 < len(groups) else []
+                nxt = after[0] if len(after) == 1 else None
+                done, carried = await self.calls.settle(
+                    active, flow, group[0], next_call=nxt, dispatched=carried
+                )
+                settled = [(group[0], done)]
+            else:
+                settled = await settle_group(self.calls, active, flow, group)
+                carried = None
+            paused = [x.idempotency_key for x, s in settled if s is Settled.PAUSED]
+            waits = [x.idempotency_key for x, s in settled if s is Settled.AWAITING_APPROVAL]
+            missing = [x for x, s in settled if s is Settled.TOOL_MISSING]
+            if missing:
+                tool = {"tool": missing[0].tool}
+                await self._finish(active, FinishStatus.FAILED, tool, "tool_missing")
+                return False
+            if paused or waits:  # after every sibling of the group finished
+                # name every call of the turn that awaits a person, later groups' too:
+                # the run is requeued only once all are decided
+                waits = [x.idempotency_key for x in pending if x.approval is Approval.PENDING]
+                why = pause_reason(c.run_id, paused, waits)
+                await self._finish(active, FinishStatus.PAUSED, None, why)
+                return False
+        return True
 
     async def _give_up(self, active: ActiveRun, stalled: int) -> None:
         """Claimed too often without progress. A call that may have been sent is marked

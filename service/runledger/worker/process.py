@@ -313,15 +313,18 @@ class Worker:
             if free > 0:
                 sent = time.monotonic()
                 try:
-                    runs = await self.store.claim_runs(
+                    # each run with its journal: nothing more is read after the claim
+                    runs = await self.store.claim_runs_v2(
                         self.worker_id, sorted(self.flows), self.lease, free
                     )
                 except Exception:
                     log.exception("claim failed", extra={"worker_id": self.worker_id})
                     runs = []
                 claimed = len(runs)
-                for run in runs:
-                    active = ActiveRun(claim=run, deadline=sent + self.lease_seconds - self.margin)
+                for run, loaded in runs:
+                    active = ActiveRun(
+                        claim=run, deadline=sent + self.lease_seconds - self.margin, loaded=loaded
+                    )
                     self.active[run.run_id] = active
                     active.task = asyncio.create_task(
                         self._execute(executor, active), name=f"run:{run.run_id}"

@@ -8,11 +8,15 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runledger.config import default
+from runledger.db.rows import ClaimedJournal
 from runledger.flows import Receipt
 from runledger.model import ClaimedRun
+
+if TYPE_CHECKING:
+    from runledger.worker.journal import LocalJournal
 
 
 class Draining(Exception):
@@ -37,13 +41,21 @@ class Limits:
 
 @dataclass(slots=True, kw_only=True)
 class ActiveRun:
-    """A run this worker holds: its lease and the local deadline that fences it."""
+    """A run this worker holds: its lease and the local deadline that fences it; what the
+    claim brought of its journal (``loaded``, until the executor unpacks it), the journal
+    kept in memory, and a checkpoint not written yet (``checkpoint_due``: it goes with the
+    next decision, or is written on its own before any other write that ends this
+    holder's work on the run)."""
 
     claim: ClaimedRun
     deadline: float
     draining: bool = False
     operation: str = "claim"
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    loaded: ClaimedJournal | None = field(default=None, repr=False)
+    journal: LocalJournal | None = field(default=None, repr=False)
+    state_version: int = 0
+    checkpoint_due: dict[str, Any] | None = None
 
     @property
     def run_id(self) -> str:

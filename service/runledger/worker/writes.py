@@ -47,6 +47,25 @@ class Writes:
         if isinstance(exc, errors.LeaseLost):
             self.track(active, self.report_stale(active, exc))
 
+    async def dispatch(self, active: ActiveRun, call: Call, *, attempts_seen: int) -> int:
+        """``dispatch_call``; the attempt number. ``attempts_seen``: the call's attempts
+        before this send (they only grow while we hold the lease)."""
+        c = active.claim
+        attempt = await self.write(
+            active,
+            "dispatch_call",
+            self.store.dispatch_call(
+                c.run_id,
+                c.lease_id,
+                c.fencing_token,
+                call.idempotency_key,
+                attempts_seen=attempts_seen,
+            ),
+        )
+        if active.journal is not None:
+            active.journal.dispatched(call.idempotency_key, attempt, c.fencing_token)
+        return attempt
+
     async def complete(
         self,
         active: ActiveRun,
@@ -54,21 +73,65 @@ class Writes:
         outcome: Outcome,
         result: Any,
         receipt: dict[str, Any] | None,
-    ) -> None:
+        *,
+        next_call: Call | None = None,
+    ) -> int | None:
+        """``complete_call``; with ``next_call`` (a planned call that runs next) also its
+        dispatch, in the same transaction (``complete_call_v2``): then the next call's
+        attempt number."""
         c = active.claim
-        await self.write(
+        attempt: int | None = None
+        if next_call is None:
+            await self.write(
+                active,
+                "complete_call",
+                self.store.complete_call(
+                    c.run_id,
+                    c.lease_id,
+                    c.fencing_token,
+                    call.idempotency_key,
+                    outcome,
+                    result,
+                    receipt,
+                ),
+            )
+        else:
+            attempt = await self.write(
+                active,
+                "complete_call",
+                self.store.complete_call_v2(
+                    c.run_id,
+                    c.lease_id,
+                    c.fencing_token,
+                    call.idempotency_key,
+                    outcome,
+                    result,
+                    receipt,
+                    next_key=next_call.idempotency_key,
+                    next_attempts_seen=next_call.attempts,
+                ),
+            )
+        if active.journal is not None:
+            active.journal.completed(
+                call.idempotency_key, outcome, result, receipt, c.fencing_token
+            )
+            if next_call is not None and attempt is not None:
+                active.journal.dispatched(next_call.idempotency_key, attempt, c.fencing_token)
+        return attempt
+
+    async def checkpoint_due(self, active: ActiveRun) -> None:
+        """Write the checkpoint that waits for the next decision, on its own: the run is
+        about to end for this holder (finished, handed back) without one."""
+        due = active.checkpoint_due
+        if due is None:
+            return
+        c = active.claim
+        active.state_version = await self.write(
             active,
-            "complete_call",
-            self.store.complete_call(
-                c.run_id,
-                c.lease_id,
-                c.fencing_token,
-                call.idempotency_key,
-                outcome,
-                result,
-                receipt,
-            ),
+            "checkpoint",
+            self.store.checkpoint(c.run_id, c.lease_id, c.fencing_token, active.state_version, due),
         )
+        active.checkpoint_due = None
 
     async def finish(
         self, active: ActiveRun, status: FinishStatus, result: Any, reason: str | None
@@ -79,6 +142,11 @@ class Writes:
             "finish_run",
             self.store.finish_run(c.run_id, c.lease_id, c.fencing_token, status, result, reason),
         )
+        self.finished(active, status, reason)
+
+    def finished(self, active: ActiveRun, status: FinishStatus, reason: str | None) -> None:
+        """Log the end of the run (written by ``finish_run`` or with the final decision)."""
+        c = active.claim
         log.info(
             "run finished",
             extra={

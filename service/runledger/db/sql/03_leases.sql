@@ -159,6 +159,57 @@ BEGIN
 END
 $$;
 
+-- claim_runs_v2 (revision 0008): claim_runs, and with each claimed run what the worker
+-- needs before its first step, so that it reads nothing else: the stalled-claim count and
+-- the journal (turns with their record and output, calls with every column), as
+-- load_journal reads it. A run claimed again without progress (stalled_claims > 1) comes
+-- without its journal (turns and calls NULL): a journal that kills the worker while it is
+-- decoded must not keep the worker from giving up on the run first (crash_loop), so the
+-- worker loads that one itself, after its check. claim_runs stays for workers of the
+-- previous release.
+CREATE FUNCTION runledger.claim_runs_v2(p_worker_id text, p_flows text[], p_lease interval,
+                                        p_max_runs int)
+RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
+               state_version bigint, fencing_token bigint, lease_id uuid,
+               lease_expires_at timestamptz, takeover boolean, stalled_claims integer,
+               turns json, calls json)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_claim record;
+BEGIN
+    -- each statement of the loop sees what claim_runs wrote (a later command)
+    FOR v_claim IN SELECT * FROM runledger.claim_runs(p_worker_id, p_flows, p_lease, p_max_runs)
+    LOOP
+        SELECT r.stalled_claims,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls,
+                                                              'record', t.record,
+                                                              'output', t.output)
+                                            ORDER BY t.turn), '[]'::json)
+                   FROM runledger.run_turns t WHERE t.run_id = r.run_id) END,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json)
+                   FROM runledger.run_calls c WHERE c.run_id = r.run_id) END
+        INTO stalled_claims, turns, calls
+        FROM runledger.runs r WHERE r.run_id = v_claim.run_id;
+        run_id := v_claim.run_id;
+        flow := v_claim.flow;
+        flow_version := v_claim.flow_version;
+        input := v_claim.input;
+        state := v_claim.state;
+        state_version := v_claim.state_version;
+        fencing_token := v_claim.fencing_token;
+        lease_id := v_claim.lease_id;
+        lease_expires_at := v_claim.lease_expires_at;
+        takeover := v_claim.takeover;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION runledger.renew_leases(p_worker_id text, p_run_ids text[], p_lease_ids uuid[],
                                        p_lease interval)
 RETURNS TABLE (run_id text, lease_expires_at timestamptz)

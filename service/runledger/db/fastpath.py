@@ -1,0 +1,167 @@
+"""The worker's fast path (revision 0008): fewer transactions per tool call.
+
+- :meth:`FastPath.claim_runs_v2`: each claimed run comes with its stalled-claim count
+  and its journal, so the worker reads nothing after a claim;
+- :meth:`FastPath.record_turn_v3`: a decision, the checkpoint of the turns before it and,
+  for the final decision, the run's success, in one transaction;
+- :meth:`FastPath.complete_call_v2`: a call's result and the next call's dispatch, in one
+  transaction.
+
+Each is a write that must not be applied twice; its read-back after an ambiguous commit
+is in :mod:`runledger.db.landed`. The protocol's order is the one of the separate writes:
+a decision is committed before any of its tools runs, a call's dispatch before it is sent,
+its result before the next step.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from runledger.db.execution import word
+from runledger.db.operator import OperatorWrites
+from runledger.db.results import Advanced, Recorded
+from runledger.db.rows import ClaimedJournal, Row
+from runledger.db.validate import check_text
+from runledger.model import ClaimedRun, FencingToken, IdempotencyKey, LeaseId, Outcome, RunId
+
+FINAL_OUTCOMES = (Outcome.SUCCEEDED, Outcome.FAILED)
+
+
+def claimed_run(r: Row) -> ClaimedRun:
+    return ClaimedRun(
+        run_id=RunId(r["run_id"]),
+        flow=r["flow"],
+        flow_version=r["flow_version"],
+        input=r["input"],
+        state=r["state"],
+        state_version=r["state_version"],
+        fencing_token=FencingToken(r["fencing_token"]),
+        lease_id=LeaseId(r["lease_id"]),
+        lease_expires_at=r["lease_expires_at"],
+        takeover=r["takeover"],
+    )
+
+
+class FastPath(OperatorWrites):
+    async def claim_runs_v2(
+        self, worker_id: str, flows: Sequence[str], lease: dt.timedelta, max_runs: int
+    ) -> list[tuple[ClaimedRun, ClaimedJournal]]:
+        """Claim as ``claim_runs``; with each run its stalled-claim count and its journal,
+        left packed (:class:`ClaimedJournal`): a journal this process cannot decode is
+        that run's problem, found when the run is driven, never the claim's."""
+        check_text("worker id", worker_id)
+        for f in flows:
+            check_text("flow", f)
+        # A claim lost in an ambiguous commit expires and is taken over: repeating is safe.
+        rows = await self._read(
+            "SELECT * FROM runledger.claim_runs_v2(%s, %s::text[], %s::interval, %s)",
+            (worker_id, list(flows), lease, max_runs),
+        )
+        return [
+            (
+                claimed_run(r),
+                ClaimedJournal(
+                    stalled_claims=int(r["stalled_claims"]), turns=r["turns"], calls=r["calls"]
+                ),
+            )
+            for r in rows
+        ]
+
+    async def record_turn_v3(
+        self,
+        run_id: str,
+        lease_id: uuid.UUID,
+        fencing_token: int,
+        turn: int,
+        calls: list[dict[str, Any]],
+        *,
+        record: dict[str, Any] | None = None,
+        output: Any = None,
+        expected_version: int,
+        state: dict[str, Any] | None = None,
+        finish: bool = False,
+    ) -> int:
+        """Record a decision as ``record_turn``; with ``state`` (an object) checkpoint it
+        first (compare-and-set on ``expected_version``); with ``finish`` (a final decision:
+        no calls) the run succeeds with ``output`` as its result. Returns the run's
+        state version after it."""
+        payload = self._json("calls", calls, obj=False)
+        record_json = self._json("record", record, obj=True, nullable=True)
+        output_json = self._json("output", output, obj=False, nullable=True)
+        state_json = self._json("state", state, obj=True, nullable=True)
+        done = await self._write(
+            "SELECT runledger.record_turn_v3(%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb,"
+            " %s, %s::jsonb, %s) AS state_version",
+            (
+                run_id,
+                lease_id,
+                fencing_token,
+                turn,
+                payload,
+                record_json,
+                output_json,
+                expected_version,
+                state_json,
+                finish,
+            ),
+            result=lambda rows: Recorded(
+                run_id=RunId(run_id),
+                turn=turn,
+                state_version=int(rows[0]["state_version"]),
+                finished=finish,
+            ),
+            landed=lambda: self.recorded(run_id, fencing_token, turn, finish),
+            fields={"run_id": run_id, "fencing_token": fencing_token},
+        )
+        return done.state_version
+
+    async def complete_call_v2(
+        self,
+        run_id: str,
+        lease_id: uuid.UUID,
+        fencing_token: int,
+        idempotency_key: str,
+        outcome: Outcome | str,
+        result: Any,
+        receipt: dict[str, Any] | None,
+        *,
+        next_key: str,
+        next_attempts_seen: int,
+    ) -> int:
+        """Complete a call (``succeeded`` or ``failed``) and dispatch ``next_key`` in the
+        same transaction. ``next_attempts_seen``, the next call's attempts before this
+        dispatch, makes the read-back exact. Returns the next call's attempt number."""
+        check_text("idempotency key", idempotency_key)
+        check_text("idempotency key", next_key)
+        key = IdempotencyKey(idempotency_key)
+        chosen = word("outcome", outcome, Outcome)
+        result_json = self._json("result", result, obj=False, nullable=True)
+        receipt_json = self._json("receipt", receipt, obj=True, nullable=True)
+        done = await self._write(
+            "SELECT runledger.complete_call_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)"
+            " AS attempt",
+            (
+                run_id,
+                lease_id,
+                fencing_token,
+                key,
+                chosen.value,
+                result_json,
+                receipt_json,
+                next_key,
+            ),
+            result=lambda rows: Advanced(
+                idempotency_key=key,
+                outcome=chosen,
+                next_key=IdempotencyKey(next_key),
+                attempt=int(rows[0]["attempt"]),
+            ),
+            landed=lambda: self.advanced(
+                run_id, key, fencing_token, chosen, next_key, next_attempts_seen
+            ),
+            fields={"run_id": run_id, "fencing_token": fencing_token},
+        )
+        return done.attempt

@@ -1,0 +1,191 @@
+"""The worker's fast path: a run of 3 turns of 3 calls, then the final decision, is 17
+write transactions in the protocol's order and no read after the claim; the journal it
+keeps in memory is the one the database holds."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from runledger.db.rows import as_stored
+from runledger.flows import Flow, ToolCall
+from tests.integration.conftest import Db, Recorder, StartWorker, eventually
+
+TURNS, CALLS = 3, 3
+
+
+def _agent(rec: Recorder, result: Any) -> Flow:
+    flow = Flow("fast", "1")
+
+    @flow.tool(safety="idempotent")
+    async def step(ctx: Any, i: int, meta: dict[str, Any]) -> Any:
+        rec.tool(ctx)
+        return result
+
+    @flow.policy
+    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        rec.policy(ctx, history)
+        if ctx.turn >= TURNS:
+            return []
+        # args whose keys jsonb orders otherwise, and a float it keeps as an integer
+        return [
+            ToolCall("step", {"meta": {"zz": 1, "a": [1.5, 1e100]}, "i": i}) for i in range(CALLS)
+        ]
+
+    return flow
+
+
+async def _transactions(db: Db, run_id: str) -> list[list[str]]:
+    """The run's events grouped by the transaction that wrote them, in order."""
+    rows = await db.rows(
+        "SELECT xmin::text AS tx, kind FROM runledger.run_events WHERE run_id = %s"
+        " ORDER BY event_id",
+        run_id,
+    )
+    grouped: list[list[str]] = []
+    last = None
+    for r in rows:
+        if r["tx"] != last:
+            grouped.append([])
+            last = r["tx"]
+        grouped[-1].append(r["kind"])
+    return grouped
+
+
+async def test_a_run_of_three_turns_of_three_calls_is_seventeen_commits(
+    db: Db, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+    flow = _agent(rec, {"ok": True})
+    worker = await start_worker(flow)
+    store = worker.worker.store
+    assert store is not None
+    reads: list[str] = []
+    for name in ("get_run", "load_journal", "list_calls"):
+        real = getattr(store, name)
+
+        def counting(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            reads.append(_name)
+            return _real(*args, **kw)
+
+        setattr(store, name, counting)
+    await db.submit("fast-1", flow)
+    run = await db.wait_status("fast-1", "succeeded", "failed", "paused")
+
+    assert run["status"] == "succeeded"
+    assert run["result"] == {"turns": TURNS + 1, "calls": TURNS * CALLS}
+    assert (run["state"], run["state_version"]) == ({"completed_turns": TURNS}, TURNS)
+    one_turn = [
+        ["call_dispatched"],
+        ["call_succeeded", "call_dispatched"],
+        ["call_succeeded", "call_dispatched"],
+        ["call_succeeded"],
+    ]
+    assert await _transactions(db, "fast-1") == [
+        ["submitted"],
+        ["claimed"],
+        ["turn_recorded"],
+        *one_turn,
+        ["checkpoint", "turn_recorded"],
+        *one_turn,
+        ["checkpoint", "turn_recorded"],
+        *one_turn,
+        ["checkpoint", "turn_recorded", "run_succeeded"],
+    ]  # 17 of the worker's: the claim, 5 per turn, the final decision
+    assert reads == []  # the journal came with the claim and stayed in memory
+    assert [(k, a) for _, k, a, _ in rec.tool_calls] == [
+        (f"fast-1:{t}:c{i}", 1) for t in range(TURNS) for i in range(CALLS)
+    ]
+    calls = await db.calls("fast-1")
+    assert {(c["status"], c["attempts"], c["dispatched_token"]) for c in calls} == {
+        ("succeeded", 1, 1)
+    }
+
+
+def _history_as_json(history: list[Any]) -> str:
+    return json.dumps(
+        [
+            {
+                "turn": t.turn,
+                "record": t.record,
+                "calls": [
+                    [c.call_id, c.tool, c.args, c.status, c.result, c.error, c.provider_id]
+                    for c in t.calls
+                ],
+            }
+            for t in history
+        ]
+    )
+
+
+async def test_the_journal_in_memory_is_the_one_in_the_database(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """What the policy saw of turns recorded and calls completed in this lease equals,
+    key order and number types included, what it sees of them after a reload (a second
+    run of the same flow claimed with that journal by a fresh worker sees the same)."""
+    result = {"zeta": [1, {"b": 2, "a": 1}], "a": (1, 2.0, 1e100), "éé": None, "bb": -0.5}
+    rec = Recorder()
+    flow = _agent(rec, result)
+    await start_worker(flow)
+    await db.submit("mem-1", flow)
+    assert (await db.wait_status("mem-1", "succeeded", "failed"))["status"] == "succeeded"
+
+    seen = _history_as_json(rec.histories[TURNS])  # the final decision's history, live
+    [final] = await db.rows(
+        "SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json) AS calls"
+        " FROM runledger.run_calls c WHERE c.run_id = 'mem-1'"
+    )
+    from_db = [
+        {
+            "turn": t,
+            "record": None,
+            "calls": [
+                [c["call_id"], c["tool"], c["args"], c["status"], c["result"], c["error"], None]
+                for c in final["calls"]
+                if c["turn"] == t
+            ],
+        }
+        for t in range(TURNS)
+    ]
+    assert seen == json.dumps(from_db)
+    assert json.dumps(as_stored(result)) == json.dumps(final["calls"][0]["result"])
+    assert list(final["calls"][0]["args"]) == ["i", "meta"]  # jsonb's order, not the call's
+
+
+async def test_a_draining_worker_completes_the_call_alone_and_sends_no_next(
+    db: Db, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+    flow = Flow("drain-fast", "1")
+    worker_box: list[Any] = []
+
+    @flow.tool(safety="idempotent")
+    async def step(ctx: Any) -> int:
+        rec.tool(ctx)
+        worker = worker_box[0].worker
+        worker_box[0].request_stop()  # the drain starts while the first call runs
+        await eventually(lambda: worker.active[ctx.run_id].draining, what="draining")
+        return 1
+
+    @flow.policy
+    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        rec.policy(ctx, history)
+        return [] if history else [ToolCall("step", {}), ToolCall("step", {})]
+
+    w = await start_worker(flow, grace_seconds=10.0)
+    worker_box.append(w)
+    await db.submit("drain-f", flow)
+    await eventually(lambda: w.task.done(), what="worker stopped")
+    run = await db.run("drain-f")
+    # the first call's result did not carry the second's dispatch: the drain came first
+    assert [k for _, k, _, _ in rec.tool_calls] == ["drain-f:0:c0"]
+    assert (run["status"], run["state_version"]) == ("queued", 0)
+    assert await _transactions(db, "drain-f") == [
+        ["submitted"],
+        ["claimed"],
+        ["turn_recorded"],
+        ["call_dispatched"],
+        ["call_succeeded"],
+        ["lease_released"],
+    ]
