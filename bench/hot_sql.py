@@ -32,10 +32,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent / "peers"))
-
-import cluster as peers_cluster  # noqa: E402
+from peers import cluster as peers_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 SQL_DIR = "service/runledger/db/sql"
@@ -50,15 +47,21 @@ def living_sql_of(ref: str | None) -> str:
         return "\n".join(p.read_text(encoding="utf-8") for p in files)
     names = subprocess.run(
         ["git", "ls-tree", "--name-only", f"{ref}:{SQL_DIR}"],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    ).stdout.split()  # fmt: skip
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     parts = []
     for name in sorted(n for n in names if n.endswith(".sql")):
         parts.append(
             subprocess.run(
                 ["git", "show", f"{ref}:{SQL_DIR}/{name}"],
-                cwd=ROOT, check=True, capture_output=True, text=True,
-            ).stdout  # fmt: skip
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
         )
     return "\n".join(parts)
 
@@ -118,8 +121,11 @@ def measure(url: str, dbname: str, admin: psycopg.Connection[Any], runs: int) ->
         submit(conn, f"r{uuid.uuid4().hex[:8]}-", runs)
         one_run(conn, "w1")  # warm the session's caches
         pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
-        admin.execute("SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database "
-                      "WHERE datname = %s), 0)", (dbname,))  # fmt: skip
+        admin.execute(
+            "SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database "
+            "WHERE datname = %s), 0)",
+            (dbname,),
+        )
         cpu0, t0 = backend_cpu(pid), time.perf_counter()
         for _ in range(runs - 1):
             one_run(conn, "w1")
@@ -143,28 +149,59 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--ref", default=None, help="git ref of schema a (default: merge-base main)")
+    ap.add_argument(
+        "--step",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="an extra schema: a, then this file and those of the steps before it (repeatable)",
+    )
+    ap.add_argument(
+        "--track",
+        choices=("all", "top"),
+        default="all",
+        help="pg_stat_statements.track: top costs the backend less",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write raw numbers here")
     args = ap.parse_args()
-    ref = args.ref or subprocess.run(
-        ["git", "merge-base", "HEAD", "main"], cwd=ROOT, check=True, capture_output=True,
-        text=True,
-    ).stdout.strip()  # fmt: skip
+    ref = (
+        args.ref
+        or subprocess.run(
+            ["git", "merge-base", "HEAD", "main"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    base = living_sql_of(ref)
+    schemas: dict[str, str] = {"a": base}
+    extra = ""
+    for step in args.step:
+        name, _, file = step.partition("=")
+        extra += "\n" + Path(file).read_text(encoding="utf-8")
+        schemas[name] = base + extra
+    schemas["b"] = living_sql_of(None)
     # pg_stat_statements on top of the peers' durable settings
-    peers_cluster.SETTINGS = (*peers_cluster.SETTINGS,  # type: ignore[misc]
-        "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all",
-        "pg_stat_statements.max=5000", "track_functions=all")  # fmt: skip
-    results: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+    peers_cluster.SETTINGS = (  # type: ignore[assignment]
+        *peers_cluster.SETTINGS,
+        "shared_preload_libraries=pg_stat_statements",
+        f"pg_stat_statements.track={args.track}",
+        "pg_stat_statements.max=5000",
+    )
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in schemas}
     with peers_cluster.durable_cluster() as cl:
         with cl.admin() as admin:
             admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         urls = {}
-        for name, source in (("a", ref), ("b", None)):
+        for name, text in schemas.items():
             urls[name] = cl.create(f"hot_{name}")
             with psycopg.connect(urls[name], autocommit=True) as conn:
-                conn.execute(living_sql_of(source))  # type: ignore[arg-type]
+                conn.execute(text)
+        names = list(schemas)
         with cl.admin() as admin:
             for rep in range(args.reps):
-                order = ("a", "b") if rep % 2 == 0 else ("b", "a")
+                order = names if rep % 2 == 0 else names[::-1]
                 for name in order:
                     results[name].append(measure(urls[name], f"hot_{name}", admin, args.runs))
                 print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
@@ -174,29 +211,48 @@ def main() -> None:
 
 
 def _median(rows: list[dict[str, Any]], key: str, sub: str | None = None) -> float:
-    vals = [(r[key] if sub is None else r[key].get(sub)) for r in rows]
-    return statistics.median(v for v in vals if v is not None) if any(
-        v is not None for v in vals
-    ) else float("nan")
+    vals = [r[key] if sub is None else r[key].get(sub) for r in rows]
+    present = [v for v in vals if v is not None]
+    return statistics.median(present) if present else float("nan")
 
 
 def report(results: dict[str, list[dict[str, Any]]], ref: str) -> None:
-    a, b = results["a"], results["b"]
-    print(f"a = {ref[:12]} (living SQL), b = working tree; medians of {len(a)} reps\n")
-    print("| per tool call | a | b | b/a |\n|---|---:|---:|---:|")
+    names = list(results)
+    a = results["a"]
+    print(
+        f"a = {ref[:12]} (living SQL), b = working tree; medians of {len(a)} reps; "
+        "each cell: value (ratio to a)\n"
+    )
+    head = "| per tool call | " + " | ".join(names) + " |"
+    print(head + "\n|---|" + "---:|" * len(names))
     for key in ("cpu_ms_call", "wall_ms_call"):
-        ma, mb = _median(a, key), _median(b, key)
-        print(f"| {key} | {ma:.3f} | {mb:.3f} | {mb / ma:.2f} |")
-    keys = sorted({k for r in a + b for k in r["per"] if not k.startswith("#")},
-                  key=lambda k: (k.startswith("  "), k))  # fmt: skip
-    print("\n| statement (mean ms; calls per run) | a | b | b/a |\n|---|---:|---:|---:|")
+        ma = _median(a, key)
+        cells = [
+            f"{_median(results[n], key):.3f} ({_median(results[n], key) / ma:.2f})" for n in names
+        ]
+        print(f"| {key} | " + " | ".join(cells) + " |")
+    keys = sorted(
+        {k for rows in results.values() for r in rows for k in r["per"] if not k.startswith("#")},
+        key=lambda k: (k.startswith("  "), k),
+    )
+    print("\n| statement: mean ms (calls per run) | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
     for key in keys:
-        ma, mb = _median(a, "per", key), _median(b, "per", key)
-        na, nb = _median(a, "per", "#" + key), _median(b, "per", "#" + key)
-        if max(na if na == na else 0, nb if nb == nb else 0) < 0.5:
+        counts = [_median(results[n], "per", "#" + key) for n in names]
+        if max((c for c in counts if c == c), default=0) < 0.5:
             continue
-        ratio = mb / ma if ma and ma == ma and mb == mb else float("nan")
-        print(f"| `{key.strip()}` ({na:.1f}; {nb:.1f}) | {ma:.4f} | {mb:.4f} | {ratio:.2f} |")
+        ma = _median(a, "per", key)
+        cells = []
+        for n, c in zip(names, counts, strict=True):
+            m = _median(results[n], "per", key)
+            cells.append(
+                "-"
+                if m != m
+                else f"{m:.4f} ({m / ma:.2f}; {c:.0f})"
+                if ma == ma
+                else f"{m:.4f} ({c:.0f})"
+            )
+        print(f"| `{key.strip()}` | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
