@@ -423,17 +423,8 @@ CREATE TRIGGER tg_runs_guard_delete BEFORE DELETE ON runledger.runs
 ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard_delete;
 CREATE TRIGGER tg_run_calls_guard BEFORE UPDATE ON runledger.run_calls
     FOR EACH ROW
-    WHEN ((OLD.status = 'succeeded' AND (NEW.status <> OLD.status
-                                         OR NEW.result IS DISTINCT FROM OLD.result
-                                         OR NEW.receipt IS DISTINCT FROM OLD.receipt))
-          OR NEW.attempts < OLD.attempts
-          OR (NEW.approval IS DISTINCT FROM OLD.approval
-              AND NOT coalesce(OLD.approval = 'pending' AND NEW.approval IN ('approved', 'denied'),
-                               false))
-          OR (OLD.approval IN ('approved', 'denied')
-              AND (NEW.approval_by IS DISTINCT FROM OLD.approval_by
-                   OR NEW.approval_note IS DISTINCT FROM OLD.approval_note
-                   OR NEW.approval_at IS DISTINCT FROM OLD.approval_at)))
+    WHEN (OLD.status = 'succeeded' OR NEW.attempts < OLD.attempts
+          OR OLD.approval IS NOT NULL OR NEW.approval IS NOT NULL)
     EXECUTE FUNCTION runledger._guard_run_calls();
 ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard;
 CREATE TRIGGER tg_run_calls_guard_columns

@@ -1,5 +1,6 @@
-"""The guards of runs and run_calls since revision 0007: called only for a row they refuse
-(WHEN clauses, an UPDATE OF trigger, a DELETE trigger), with the same refusal as before.
+"""The guards of runs and run_calls since revision 0007: not called for the functions' own
+writes (WHEN clauses, an UPDATE OF trigger, a DELETE trigger), and when called, the same
+refusal as before.
 
 test_wall.py holds the invariants; this file adds the checks it does not reach one by one,
 the order of the checks when one UPDATE breaks several, and that the functions' own

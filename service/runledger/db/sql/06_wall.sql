@@ -100,8 +100,8 @@ END
 $$;
 -- Revision 0007: the guard is called only for a row it refuses, not for every write. Its
 -- refusals are split over the WHEN clauses of two UPDATE triggers (together, every IF of
--- the function: a WHEN is false exactly when those IFs are, NULL included), and a DELETE
--- trigger. Both UPDATE triggers run the whole function, so the refusal (the first failed
+-- the function: a WHEN is false exactly when those IFs are, NULL included; short, since
+-- a WHEN is prepared again in every statement), and a DELETE trigger. Both UPDATE triggers run the whole function, so the refusal (the first failed
 -- check, in the function's order) is the same as when it ran for every row.
 -- tg_runs_guard_columns watches the columns no contract function writes except state
 -- (checkpoint): UPDATE OF skips it, and its jsonb comparisons, when the statement does
@@ -179,21 +179,16 @@ BEGIN
     RETURN NEW;
 END
 $$;
--- Revision 0007: as the guard of runs, called only for a row it refuses. The immutable
--- columns, which no contract function sets, are watched by tg_run_calls_guard_columns.
+-- Revision 0007: as the guard of runs, but its WHEN is a short superset of the refusals:
+-- a call that succeeded, attempts going down, or any approval (so approve_call, deny_call
+-- and the writes of an approved call still run the function, which decides). A trigger's
+-- WHEN is read and prepared again in every statement, so the guard's whole condition
+-- there cost more than the call it saved. The immutable columns, which no contract
+-- function sets, are watched by tg_run_calls_guard_columns.
 CREATE TRIGGER tg_run_calls_guard BEFORE UPDATE ON runledger.run_calls
     FOR EACH ROW
-    WHEN ((OLD.status = 'succeeded' AND (NEW.status <> OLD.status
-                                         OR NEW.result IS DISTINCT FROM OLD.result
-                                         OR NEW.receipt IS DISTINCT FROM OLD.receipt))
-          OR NEW.attempts < OLD.attempts
-          OR (NEW.approval IS DISTINCT FROM OLD.approval
-              AND NOT coalesce(OLD.approval = 'pending' AND NEW.approval IN ('approved', 'denied'),
-                               false))
-          OR (OLD.approval IN ('approved', 'denied')
-              AND (NEW.approval_by IS DISTINCT FROM OLD.approval_by
-                   OR NEW.approval_note IS DISTINCT FROM OLD.approval_note
-                   OR NEW.approval_at IS DISTINCT FROM OLD.approval_at)))
+    WHEN (OLD.status = 'succeeded' OR NEW.attempts < OLD.attempts
+          OR OLD.approval IS NOT NULL OR NEW.approval IS NOT NULL)
     EXECUTE FUNCTION runledger._guard_run_calls();
 ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard;
 CREATE TRIGGER tg_run_calls_guard_columns
