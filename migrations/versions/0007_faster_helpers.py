@@ -9,9 +9,10 @@ safe). ``_lock_leased_run`` locks the run with one indexed ``SELECT ... FOR NO K
 UPDATE`` and checks the run id only when no row matched; ``_lock_call`` tests the key's
 length before it calls ``_check_text``; ``_check_json_value_or_null`` skips the depth walk
 for a text too short to nest past the limit. The guards of ``runs`` and ``run_calls``
-fire only for a row they refuse: WHEN clauses on the UPDATE triggers (one of them
-``UPDATE OF`` the columns no function sets), and a DELETE trigger of their own. The
-downgrade restores 0006 exactly.
+are not called for the functions' own writes: WHEN clauses on the UPDATE triggers (on
+``runs`` exactly the guard's refusals, on ``run_calls`` a short superset; one trigger of
+each is ``UPDATE OF`` the columns no function sets), and a DELETE trigger of their own.
+The downgrade restores 0006 exactly.
 
 Revision ID: 0007
 Revises: 0006

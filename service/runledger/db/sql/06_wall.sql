@@ -100,13 +100,14 @@ END
 $$;
 -- Revision 0007: the guard is called only for a row it refuses, not for every write. Its
 -- refusals are split over the WHEN clauses of two UPDATE triggers (together, every IF of
--- the function: a WHEN is false exactly when those IFs are, NULL included; short, since
--- a WHEN is prepared again in every statement), and a DELETE trigger. Both UPDATE triggers run the whole function, so the refusal (the first failed
--- check, in the function's order) is the same as when it ran for every row.
--- tg_runs_guard_columns watches the columns no contract function writes except state
--- (checkpoint): UPDATE OF skips it, and its jsonb comparisons, when the statement does
--- not set one of them (a column left out of SET keeps its value: no other trigger of the
--- table changes NEW).
+-- the function: false exactly when those IFs are, NULL included; kept short, since a
+-- WHEN is prepared again in every statement), and DELETE has a trigger of its own. Both
+-- UPDATE triggers run the whole function, so the refusal (the first failed check, in the
+-- function's order) is the same as when it ran for every row.
+-- tg_runs_guard_columns watches the columns no contract function writes, and state
+-- (checkpoint): UPDATE OF skips it, and its jsonb comparisons, when the statement sets
+-- none of them (a column left out of SET keeps its value: no other trigger of the table
+-- changes NEW).
 CREATE TRIGGER tg_runs_guard BEFORE UPDATE ON runledger.runs
     FOR EACH ROW
     WHEN (NEW.fencing_token < OLD.fencing_token
