@@ -8,7 +8,7 @@ one transaction; ``complete_call_v2`` completes a call and dispatches the next o
 transaction. The old functions are unchanged. The downgrade drops the three.
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2027-01-20
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from alembic import context, op
 
 revision = "0008"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

@@ -99,7 +99,7 @@ CHANGES: dict[str, tuple[str, str]] = {
     ),
     "search_path": (
         "ALTER FUNCTION runledger._event(text, text, text, bigint, bigint, jsonb, timestamptz) "
-        "RESET search_path",
+        "SET search_path = pg_catalog, pg_temp",
         "functions runledger._event(",
     ),
     "trigger disabled": (
@@ -204,7 +204,7 @@ def test_downgrade_of_0002_restores_the_0001_catalog(
 def test_downgrade_of_the_head_restores_the_revision_before_it(
     new_empty_database: Callable[[], str],
 ) -> None:
-    """0006 (approvals) gives back the 0005 columns, functions, guards and grants exactly."""
+    """The head (0007, faster helpers) gives back the 0006 functions and guards exactly."""
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(migrate.alembic_config(None))

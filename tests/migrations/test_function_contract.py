@@ -355,23 +355,63 @@ def test_security_definer_pinned_and_not_public(conn: Conn, fn: Fn) -> None:
     assert row is not None and row["ok"], f"{fn.role} cannot execute {fn.name}"
 
 
-def test_every_function_of_the_schema_is_pinned_and_not_public(
+# Revision 0007: runledger.now() and the internal helpers have no SET search_path (a SET
+# costs on every call and keeps a SQL function from being inlined). That is safe only while
+# each of them runs as its caller (not SECURITY DEFINER), is no trigger function, and but
+# for now() (fully schema-qualified, it runs with its caller's rights) can be executed by
+# the owner alone: then it runs only under the pinned path of a SECURITY DEFINER caller.
+UNPINNED = {
+    "runledger.now()",
+    "runledger._raise(text,text,text,text)",
+    "runledger._check_run_id(text)",
+    "runledger._cap(text)",
+    "runledger._check_text(text,text,integer,integer)",
+    "runledger._check_worker_id(text)",
+    "runledger._check_lease(interval)",
+    "runledger._check_flow(text,text)",
+    "runledger._check_json_depth(text,jsonb,integer)",
+    "runledger._check_json_value_or_null(text,jsonb,integer)",
+    "runledger._check_json_value(text,jsonb,integer)",
+    "runledger._check_json_object_or_null(text,jsonb)",
+    "runledger._check_json_object(text,jsonb)",
+    "runledger._check_word(text,text,text[])",
+    "runledger._parse_flows(text[])",
+    "runledger._event(text,text,text,bigint,bigint,jsonb,timestamp with time zone)",
+    "runledger._notify_queued(text,text)",
+    "runledger._lock_run(text)",
+    "runledger._lock_leased_run(text,uuid,bigint)",
+    "runledger._lock_call(text,text)",
+    "runledger._requeue_if_settled(runledger.runs,text,text,timestamp with time zone)",
+    "runledger._lock_awaiting_call(text)",
+    "runledger._prune_authorized()",
+}
+
+
+def test_every_function_is_pinned_or_a_helper_only_pinned_code_reaches(
     conn: Conn,
 ) -> None:
-    """Helpers and trigger functions too: nothing in the schema runs with a loose path."""
+    """Contract and trigger functions pin the path; the unpinned ones are the listed
+    helpers, none SECURITY DEFINER, none a trigger, none granted (now() to the roles that
+    had it); and nothing of the schema is executable by PUBLIC."""
     rows = conn.execute(
         """
-        SELECT p.oid::regprocedure::text AS fn, p.proconfig,
+        SELECT p.oid::regprocedure::text AS fn, p.proconfig, p.prosecdef,
+               p.prorettype = 'trigger'::regtype AS is_trigger,
                p.proacl IS NULL OR EXISTS (
                    SELECT 1 FROM aclexplode(p.proacl) a
-                   WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') AS public_exec
+                   WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE') AS public_exec,
+               ARRAY(SELECT a.grantee::regrole::text FROM aclexplode(p.proacl) a
+                     WHERE a.grantee <> p.proowner ORDER BY 1) AS grantees
         FROM pg_proc p WHERE p.pronamespace = 'runledger'::regnamespace
         """
     ).fetchall()
     assert len(rows) >= len(CONTRACT)
-    loose = [r["fn"] for r in rows if PINNED_SEARCH_PATH not in (r["proconfig"] or [])]
-    public = [r["fn"] for r in rows if r["public_exec"]]
-    assert (loose, public) == ([], [])
+    loose = {r["fn"]: r for r in rows if PINNED_SEARCH_PATH not in (r["proconfig"] or [])}
+    assert set(loose) == UNPINNED
+    assert [f for f, r in loose.items() if r["prosecdef"] or r["is_trigger"]] == []
+    granted = {f: r["grantees"] for f, r in loose.items() if r["grantees"]}
+    assert granted == {"runledger.now()": [OPERATOR, WORKER]}
+    assert [r["fn"] for r in rows if r["public_exec"]] == []
 
 
 def test_worker_role_cannot_run_operator_functions(conn: Conn) -> None:

@@ -53,9 +53,20 @@ CREATE TABLE runledger.settings (
 );
 INSERT INTO runledger.settings DEFAULT VALUES;
 
+-- The clock: clock_timestamp() plus the test offset, read when it is called. VOLATILE:
+-- its query takes a new snapshot on each call under READ COMMITTED, so a lease check made
+-- after a row lock sees an offset committed while it waited. Revision 0007: PL/pgSQL
+-- without SET search_path. The SQL version could not be inlined (a subquery stops
+-- inlining, and so does SET), so every call site parsed and planned its body again in
+-- every transaction; PL/pgSQL plans its query once per session. Every name is
+-- schema-qualified: it runs as its caller (not SECURITY DEFINER), with the caller's path.
 CREATE FUNCTION runledger.now() RETURNS timestamptz
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, runledger, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
-    SELECT clock_timestamp() + coalesce((SELECT s.clock_offset FROM runledger.settings s), interval '0')
+DECLARE
+    v_offset interval;
+BEGIN
+    SELECT s.clock_offset INTO v_offset FROM runledger.settings s;
+    RETURN pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) coalesce(v_offset, interval '0');
+END
 $$;

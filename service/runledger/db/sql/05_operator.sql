@@ -5,11 +5,11 @@
 -- A paused run whose last call waiting for a person was settled goes back to the queue:
 -- nothing of it is unknown nor awaiting approval any more. r is the run row as locked by
 -- the caller; p_after names the caller in the run_requeued event. Revision 0006 (resolve_call
--- kept this inline before). Returns whether the run was requeued.
+-- kept this inline before). Returns whether the run was requeued. Like every helper, no
+-- SET search_path since revision 0007 (02_helpers.sql says why that is safe).
 CREATE FUNCTION runledger._requeue_if_settled(r runledger.runs, p_actor text, p_after text,
                                               p_now timestamptz) RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     v_left integer;
@@ -96,7 +96,6 @@ $$;
 -- nobody holds; RL003 or RL004 otherwise.
 CREATE FUNCTION runledger._lock_awaiting_call(p_idempotency_key text) RETURNS runledger.run_calls
 LANGUAGE plpgsql
-SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     v_run_id text;

@@ -12,9 +12,9 @@
 -- drop or replace a trigger); docs/design.md, "The trigger wall", says what catches them.
 
 -- True inside a prune_runs call of the current transaction (the guards' only door).
+-- A helper, called by the guards and prune_runs (all pinned): no SET (revision 0007).
 CREATE FUNCTION runledger._prune_authorized() RETURNS boolean
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, runledger, pg_temp
 AS $$
     SELECT EXISTS (SELECT 1 FROM runledger.prune_authorizations a
                    WHERE a.txid = txid_current_if_assigned())
@@ -98,9 +98,35 @@ BEGIN
     RETURN NEW;
 END
 $$;
-CREATE TRIGGER tg_runs_guard BEFORE UPDATE OR DELETE ON runledger.runs
-    FOR EACH ROW EXECUTE FUNCTION runledger._guard_runs();
+-- Revision 0007: the guard is called only for a row it refuses, not for every write. Its
+-- refusals are split over the WHEN clauses of two UPDATE triggers (together, every IF of
+-- the function: false exactly when those IFs are, NULL included; kept short, since a
+-- WHEN is prepared again in every statement), and DELETE has a trigger of its own. Both
+-- UPDATE triggers run the whole function, so the refusal (the first failed check, in the
+-- function's order) is the same as when it ran for every row.
+-- tg_runs_guard_columns watches the columns no contract function writes, and state
+-- (checkpoint): UPDATE OF skips it, and its jsonb comparisons, when the statement sets
+-- none of them (a column left out of SET keeps its value: no other trigger of the table
+-- changes NEW).
+CREATE TRIGGER tg_runs_guard BEFORE UPDATE ON runledger.runs
+    FOR EACH ROW
+    WHEN (NEW.fencing_token < OLD.fencing_token
+          OR NEW.state_version < OLD.state_version
+          OR NEW.state_version > OLD.state_version + 1)
+    EXECUTE FUNCTION runledger._guard_runs();
 ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard;
+CREATE TRIGGER tg_runs_guard_columns
+    BEFORE UPDATE OF run_id, state, flow, flow_version, input ON runledger.runs
+    FOR EACH ROW
+    WHEN (NEW.run_id <> OLD.run_id
+          OR (NEW.state_version <> OLD.state_version + 1 AND NEW.state IS DISTINCT FROM OLD.state)
+          OR NEW.flow <> OLD.flow OR NEW.flow_version <> OLD.flow_version
+          OR NEW.input <> OLD.input)
+    EXECUTE FUNCTION runledger._guard_runs();
+ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard_columns;
+CREATE TRIGGER tg_runs_guard_delete BEFORE DELETE ON runledger.runs
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_runs();
+ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard_delete;
 
 CREATE FUNCTION runledger._guard_run_calls() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
@@ -154,9 +180,30 @@ BEGIN
     RETURN NEW;
 END
 $$;
-CREATE TRIGGER tg_run_calls_guard BEFORE UPDATE OR DELETE ON runledger.run_calls
-    FOR EACH ROW EXECUTE FUNCTION runledger._guard_run_calls();
+-- Revision 0007: as the guard of runs, but its WHEN is a short superset of the refusals:
+-- a call that succeeded, attempts going down, or any approval (so approve_call, deny_call
+-- and the writes of an approved call still run the function, which decides). A trigger's
+-- WHEN is read and prepared again in every statement, so the guard's whole condition
+-- there cost more than the call it saved. The immutable columns, which no contract
+-- function sets, are watched by tg_run_calls_guard_columns.
+CREATE TRIGGER tg_run_calls_guard BEFORE UPDATE ON runledger.run_calls
+    FOR EACH ROW
+    WHEN (OLD.status = 'succeeded' OR NEW.attempts < OLD.attempts
+          OR OLD.approval IS NOT NULL OR NEW.approval IS NOT NULL)
+    EXECUTE FUNCTION runledger._guard_run_calls();
 ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard;
+CREATE TRIGGER tg_run_calls_guard_columns
+    BEFORE UPDATE OF idempotency_key, run_id, turn, call_id, tool, args, provider_id
+    ON runledger.run_calls
+    FOR EACH ROW
+    WHEN (NEW.idempotency_key <> OLD.idempotency_key OR NEW.run_id <> OLD.run_id
+          OR NEW.turn <> OLD.turn OR NEW.call_id <> OLD.call_id OR NEW.tool <> OLD.tool
+          OR NEW.args <> OLD.args OR NEW.provider_id IS DISTINCT FROM OLD.provider_id)
+    EXECUTE FUNCTION runledger._guard_run_calls();
+ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard_columns;
+CREATE TRIGGER tg_run_calls_guard_delete BEFORE DELETE ON runledger.run_calls
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_run_calls();
+ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard_delete;
 
 CREATE FUNCTION runledger._guard_run_turns() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
