@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from pydantic_ai import Agent
@@ -157,30 +158,42 @@ def read(what: str = "x") -> dict[str, Any]:
 # -- the flows ------------------------------------------------------------------------------
 
 
-@functools.cache
-def lane(i: int) -> Flow:
-    """The agent's flow named ``pai-lane-<i>``."""
-    return agent_flow(
+class Lanes:
+    """Flows that differ only by name (``<prefix>-lane-<i>``), built by ``build(name)``
+    on first use: a module sets ``lane = lanes.lane``, ``spec = lanes.spec`` and
+    ``__getattr__ = lanes.attr``, and a worker's ``--flows MODULE:lane_<i>`` finds lane i."""
+
+    def __init__(self, module: str, prefix: str, build: Callable[[str], Flow]) -> None:
+        self.module, self.prefix, self.build = module, prefix, build
+
+    @functools.cache  # noqa: B019 - one Lanes per module, alive as long as the module
+    def lane(self, i: int) -> Flow:
+        return self.build(f"{self.prefix}-lane-{i}")
+
+    def attr(self, name: str) -> Flow:
+        number = name.removeprefix("lane_")
+        if number != name and number.isdigit():
+            return self.lane(int(number))
+        raise AttributeError(f"module {self.module!r} has no attribute {name!r}")
+
+    def spec(self, i: int) -> str:
+        """The ``--flows`` spec of lane ``i``."""
+        return f"{self.module}:lane_{i}"
+
+
+lanes = Lanes(
+    __name__,
+    PREFIX,
+    lambda name: agent_flow(
         agent,
-        name=f"{PREFIX}-lane-{i}",
+        name=name,
         version="1",
         safety=SAFETY,
         prompt=prompt,
         lookups={"charge": find_charge},
-    )
-
-
-def __getattr__(name: str) -> Flow:
-    """``lane_<i>``: :func:`lane` (i), for a worker's ``--flows`` spec."""
-    number = name.removeprefix("lane_")
-    if number != name and number.isdigit():
-        return lane(int(number))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def spec(i: int) -> str:
-    """The ``--flows`` spec of lane ``i``."""
-    return f"{__name__}:lane_{i}"
+    ),
+)
+lane, spec, __getattr__ = lanes.lane, lanes.spec, lanes.attr
 
 
 # -- what the tests read of the journal ------------------------------------------------------

@@ -22,7 +22,6 @@ The flows differ by name only: ``lane_<i>`` (flow ``oa-lane-<i>``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import os
 import uuid
@@ -42,10 +41,17 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from runledger.flows import Flow
 from runledger.integrations.openai_agents import agent_flow
 from tests.process import adapter_flows
-from tests.process.adapter_flows import GATE_ENV, SAFETY, find_charge, model_key, prompt, provider
+from tests.process.adapter_flows import (
+    GATE_ENV,
+    SAFETY,
+    Lanes,
+    find_charge,
+    model_key,
+    prompt,
+    provider,
+)
 
 PREFIX = "oa"  # of the flow names, and of the run ids of the tests
 set_tracing_disabled(True)  # nothing here reaches OpenAI
@@ -154,30 +160,19 @@ agent: Agent[None] = Agent(
 # -- the flows ------------------------------------------------------------------------------
 
 
-@functools.cache
-def lane(i: int) -> Flow:
-    """The agent's flow named ``oa-lane-<i>``."""
-    return agent_flow(
+lanes = Lanes(
+    __name__,
+    PREFIX,
+    lambda name: agent_flow(
         agent,
-        name=f"{PREFIX}-lane-{i}",
+        name=name,
         version="1",
         safety=SAFETY,
         prompt=prompt,
         lookups={"charge": find_charge},
-    )
-
-
-def __getattr__(name: str) -> Flow:
-    """``lane_<i>``: :func:`lane` (i), for a worker's ``--flows`` spec."""
-    number = name.removeprefix("lane_")
-    if number != name and number.isdigit():
-        return lane(int(number))
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def spec(i: int) -> str:
-    """The ``--flows`` spec of lane ``i``."""
-    return f"{__name__}:lane_{i}"
+    ),
+)
+lane, spec, __getattr__ = lanes.lane, lanes.spec, lanes.attr
 
 
 # -- what the tests read of the journal ------------------------------------------------------

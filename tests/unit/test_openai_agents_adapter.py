@@ -347,6 +347,14 @@ def test_each_function_tool_becomes_a_runledger_tool_with_its_class() -> None:
     flow.validate()
 
 
+def test_the_calls_of_one_response_run_in_parallel_as_under_runner_run() -> None:
+    flow = make_flow(build_agent(Scripted()), Shop("T"))
+    assert flow.parallel_calls is True
+    assert all(flow.runs_in_parallel(name) for name in flow.tools)
+    serial = make_flow(build_agent(Scripted()), Shop("T"), parallel_calls=False)
+    assert not any(serial.runs_in_parallel(name) for name in serial.tools)
+
+
 def test_a_tool_without_a_safety_class_is_refused_by_name() -> None:
     safety = {k: v for k, v in SAFETY.items() if k != "send_email"}
     with pytest.raises(ValueError, match="without a safety class: send_email"):

@@ -34,7 +34,8 @@ from typing import Any
 from agents import Agent
 from agents.tool import FunctionTool
 
-from runledger.flows import Flow, LookupFn, PolicyContext
+from runledger.flows import Flow, LookupFn
+from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
 from runledger.integrations.openai_agents.policy import AgentPolicy, PromptFn, UnsupportedResponse
 from runledger.integrations.openai_agents.records import record_to_response, response_to_record
 from runledger.integrations.openai_agents.tools import ContextFn, ToolCallFailed, ToolRunner
@@ -63,6 +64,7 @@ def agent_flow(
     max_attempts: int = 3,
     max_turns: int | None = None,
     max_calls: int | None = None,
+    parallel_calls: bool = True,
 ) -> Flow:
     """A :class:`~runledger.Flow` that runs ``agent`` one journaled model request per turn.
 
@@ -75,19 +77,13 @@ def agent_flow(
       tool calls (both carry ``run_id`` and ``flow``);
     - ``lookups``: ``{tool: fn(ctx) -> receipt | None}`` for the ``lookup`` tools;
     - ``max_attempts``: per tool, as ``@flow.tool``; ``max_turns``/``max_calls``: as ``Flow``
-      (``Runner.run``'s ``max_turns`` is not used).
+      (``Runner.run``'s ``max_turns`` is not used);
+    - ``parallel_calls``: the function calls of one response run at the same time, as
+      ``Runner.run`` runs them (``False``: one after another).
     """
     _refuse_unsupported(agent)
     tools = _function_tools(agent)
-    missing = sorted(set(tools) - set(safety))
-    if missing:
-        raise ValueError(
-            f"agent tools without a safety class: {', '.join(missing)} "
-            f"(pass safety={{{missing[0]!r}: 'idempotent' | 'lookup' | 'read_only' | 'unsafe'}})"
-        )
-    unknown = sorted(set(safety) - set(tools))
-    if unknown:
-        raise ValueError(f"safety names tools the agent does not have: {', '.join(unknown)}")
+    check_safety(tools, safety)
     if agent.model_settings.retry is not None:
         log.warning(
             "agent %s: ModelSettings.retry is not used: runledger retries the model request "
@@ -95,7 +91,9 @@ def agent_flow(
             agent.name,
         )
     runner = ToolRunner(agent, context)
-    flow = Flow(name, version, max_turns=max_turns, max_calls=max_calls)
+    flow = Flow(
+        name, version, max_turns=max_turns, max_calls=max_calls, parallel_calls=parallel_calls
+    )
     for tool_name, tool in tools.items():
         flow.tool(
             safety=safety[tool_name],
@@ -103,20 +101,10 @@ def agent_flow(
             timeout=tool.timeout_seconds,
             max_attempts=max_attempts,
         )(runner.tool_fn(tool))
-    for tool_name, fn in (lookups or {}).items():
-        if tool_name not in flow.tools:
-            raise ValueError(f"lookups names a tool the agent does not have: {tool_name}")
-        flow.tools[tool_name].lookup(fn)  # TypeError unless the tool is 'lookup'
-    flow.policy(AgentPolicy(agent, tools, prompt or _default_prompt, context).decide)
+    attach_lookups(flow, lookups)
+    flow.policy(AgentPolicy(agent, tools, prompt or default_prompt, context).decide)
     flow.validate()  # a 'lookup' tool without a lookup
     return flow
-
-
-def _default_prompt(ctx: PolicyContext) -> Any:
-    try:
-        return ctx.input["prompt"]
-    except KeyError:
-        raise ValueError("the run input has no 'prompt': pass agent_flow(prompt=...)") from None
 
 
 def _refuse_unsupported(agent: Agent[Any]) -> None:

@@ -61,6 +61,7 @@ from runledger.flows import (
     ToolContext,
     using_tool_context,
 )
+from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
 from runledger.integrations.pydantic_ai.records import (
     failure,
     model_visible,
@@ -119,16 +120,8 @@ def agent_flow(
       Pydantic AI.
     """
     tools = _agent_tools(agent)
-    missing = sorted(set(tools) - set(safety))
-    if missing:
-        raise ValueError(
-            f"agent tools without a safety class: {', '.join(missing)} "
-            f"(pass safety={{{missing[0]!r}: 'idempotent' | 'lookup' | 'read_only' | 'unsafe'}})"
-        )
-    unknown = sorted(set(safety) - set(tools))
-    if unknown:
-        raise ValueError(f"safety names tools the agent does not have: {', '.join(unknown)}")
-    adapter = _Adapter(agent, tools, prompt or _default_prompt, deps)
+    check_safety(tools, safety)
+    adapter = _Adapter(agent, tools, prompt or default_prompt, deps)
     flow = Flow(
         name, version, max_turns=max_turns, max_calls=max_calls, parallel_calls=parallel_calls
     )
@@ -142,20 +135,10 @@ def agent_flow(
             # Pydantic AI's requires_approval: each call waits for `runledger approve`
             approval=bool(tool.requires_approval),
         )(adapter.tool_fn(tool))
-    for tool_name, fn in (lookups or {}).items():
-        if tool_name not in flow.tools:
-            raise ValueError(f"lookups names a tool the agent does not have: {tool_name}")
-        flow.tools[tool_name].lookup(fn)  # TypeError unless the tool is 'lookup'
+    attach_lookups(flow, lookups)
     flow.policy(adapter.decide)
     flow.validate()  # a 'lookup' tool without a lookup
     return flow
-
-
-def _default_prompt(ctx: PolicyContext) -> Any:
-    try:
-        return ctx.input["prompt"]
-    except KeyError:
-        raise ValueError("the run input has no 'prompt': pass agent_flow(prompt=...)") from None
 
 
 def _agent_tools(agent: Agent[Any, Any]) -> dict[str, tuple[AgentTool[Any], int | None]]:
