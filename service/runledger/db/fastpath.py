@@ -46,6 +46,17 @@ def claimed_run(r: Row) -> ClaimedRun:
 
 
 class FastPath(OperatorWrites):
+    def _completion(
+        self, idempotency_key: str, outcome: Outcome | str, result: Any, receipt: Any
+    ) -> tuple[IdempotencyKey, Outcome, Any, Any]:
+        """The checked arguments of a completion (``complete_call``, ``complete_call_v2``):
+        the key, the outcome, the result and receipt as JSON."""
+        check_text("idempotency key", idempotency_key)
+        chosen = word("outcome", outcome, Outcome)
+        result_json = self._json("result", result, obj=False, nullable=True)
+        receipt_json = self._json("receipt", receipt, obj=True, nullable=True)
+        return IdempotencyKey(idempotency_key), chosen, result_json, receipt_json
+
     async def claim_runs_v2(
         self, worker_id: str, flows: Sequence[str], lease: dt.timedelta, max_runs: int
     ) -> list[tuple[ClaimedRun, ClaimedJournal]]:
@@ -134,12 +145,10 @@ class FastPath(OperatorWrites):
         """Complete a call (``succeeded`` or ``failed``) and dispatch ``next_key`` in the
         same transaction. ``next_attempts_seen``, the next call's attempts before this
         dispatch, makes the read-back exact. Returns the next call's attempt number."""
-        check_text("idempotency key", idempotency_key)
         check_text("idempotency key", next_key)
-        key = IdempotencyKey(idempotency_key)
-        chosen = word("outcome", outcome, Outcome)
-        result_json = self._json("result", result, obj=False, nullable=True)
-        receipt_json = self._json("receipt", receipt, obj=True, nullable=True)
+        key, chosen, result_json, receipt_json = self._completion(
+            idempotency_key, outcome, result, receipt
+        )
         done = await self._write(
             "SELECT runledger.complete_call_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)"
             " AS attempt",

@@ -248,11 +248,9 @@ class Store(FastPath):
         result: Any,
         receipt: dict[str, Any] | None,
     ) -> None:
-        check_text("idempotency key", idempotency_key)
-        key = IdempotencyKey(idempotency_key)
-        chosen = word("outcome", outcome, Outcome)
-        result_json = self._json("result", result, obj=False, nullable=True)
-        receipt_json = self._json("receipt", receipt, obj=True, nullable=True)
+        key, chosen, result_json, receipt_json = self._completion(
+            idempotency_key, outcome, result, receipt
+        )
         await self._write(
             "SELECT runledger.complete_call(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
             (run_id, lease_id, fencing_token, key, chosen.value, result_json, receipt_json),

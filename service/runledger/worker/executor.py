@@ -156,12 +156,9 @@ class Executor:
         c = active.claim
         # Before anything of the run is loaded or decoded: a run that keeps crashing the
         # worker while loading must still end as crash_loop. claim_runs_v2 carries the
-        # count (and the journal only for a run that made progress since its last claim);
-        # a claim without it (claim_runs) reads the run row.
-        if active.loaded is not None:
-            stalled = active.loaded.stalled_claims
-        else:
-            stalled = (await self.store.get_run(c.run_id)).stalled_claims
+        # count (and the journal only for a run that made progress since its last claim).
+        assert active.loaded is not None, "every claim comes from claim_runs_v2"
+        stalled = active.loaded.stalled_claims
         if stalled > self.limits.max_stalled_claims:
             await self._give_up(active, stalled)
             return

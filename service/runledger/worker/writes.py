@@ -80,32 +80,16 @@ class Writes:
         dispatch, in the same transaction (``complete_call_v2``): then the next call's
         attempt number."""
         c = active.claim
+        args = (c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, outcome, result)
         attempt: int | None = None
         if next_call is None:
-            await self.write(
-                active,
-                "complete_call",
-                self.store.complete_call(
-                    c.run_id,
-                    c.lease_id,
-                    c.fencing_token,
-                    call.idempotency_key,
-                    outcome,
-                    result,
-                    receipt,
-                ),
-            )
+            await self.write(active, "complete_call", self.store.complete_call(*args, receipt))
         else:
             attempt = await self.write(
                 active,
                 "complete_call",
                 self.store.complete_call_v2(
-                    c.run_id,
-                    c.lease_id,
-                    c.fencing_token,
-                    call.idempotency_key,
-                    outcome,
-                    result,
+                    *args,
                     receipt,
                     next_key=next_call.idempotency_key,
                     next_attempts_seen=next_call.attempts,
