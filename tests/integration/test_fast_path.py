@@ -52,7 +52,7 @@ async def _transactions(db: Db, run_id: str) -> list[list[str]]:
     return grouped
 
 
-async def test_a_run_of_three_turns_of_three_calls_is_seventeen_commits(
+async def test_a_run_of_three_turns_of_three_calls_is_fourteen_commits(
     db: Db, start_worker: StartWorker
 ) -> None:
     rec = Recorder()
@@ -75,8 +75,8 @@ async def test_a_run_of_three_turns_of_three_calls_is_seventeen_commits(
     assert run["status"] == "succeeded"
     assert run["result"] == {"turns": TURNS + 1, "calls": TURNS * CALLS}
     assert (run["state"], run["state_version"]) == ({"completed_turns": TURNS}, TURNS)
-    one_turn = [
-        ["call_dispatched"],
+    # the decision and its first call's dispatch are one commit (record_turn_v4)
+    rest_of_turn = [
         ["call_succeeded", "call_dispatched"],
         ["call_succeeded", "call_dispatched"],
         ["call_succeeded"],
@@ -84,14 +84,14 @@ async def test_a_run_of_three_turns_of_three_calls_is_seventeen_commits(
     assert await _transactions(db, "fast-1") == [
         ["submitted"],
         ["claimed"],
-        ["turn_recorded"],
-        *one_turn,
-        ["checkpoint", "turn_recorded"],
-        *one_turn,
-        ["checkpoint", "turn_recorded"],
-        *one_turn,
+        ["turn_recorded", "call_dispatched"],
+        *rest_of_turn,
+        ["checkpoint", "turn_recorded", "call_dispatched"],
+        *rest_of_turn,
+        ["checkpoint", "turn_recorded", "call_dispatched"],
+        *rest_of_turn,
         ["checkpoint", "turn_recorded", "run_succeeded"],
-    ]  # 17 of the worker's: the claim, 5 per turn, the final decision
+    ]  # 14 of the worker's: the claim, 4 per turn, the final decision
     assert reads == []  # the journal came with the claim and stayed in memory
     assert [(k, a) for _, k, a, _ in rec.tool_calls] == [
         (f"fast-1:{t}:c{i}", 1) for t in range(TURNS) for i in range(CALLS)
@@ -184,8 +184,7 @@ async def test_a_draining_worker_completes_the_call_alone_and_sends_no_next(
     assert await _transactions(db, "drain-f") == [
         ["submitted"],
         ["claimed"],
-        ["turn_recorded"],
-        ["call_dispatched"],
+        ["turn_recorded", "call_dispatched"],  # the decision and its first call's dispatch
         ["call_succeeded"],
         ["lease_released"],
     ]

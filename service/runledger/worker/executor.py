@@ -25,6 +25,7 @@ of the lease (:mod:`runledger.worker.journal`): nothing is read back after a wri
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import psycopg
@@ -205,6 +206,9 @@ class Executor:
         active.journal = journal
         active.state_version = c.state_version
         completed = int((c.state or {}).get("completed_turns", 0))
+        # calls dispatched with their decision (record_turn_v4): key -> (the call as it was
+        # recorded, planned; its attempt number)
+        fused: dict[str, tuple[Call, int]] = {}
         while True:
             turns, calls = journal.turns, journal.calls
             if turns:
@@ -217,7 +221,8 @@ class Executor:
                     return
                 pending = [x for x in calls if x.turn == last and not x.status.terminal]
                 if pending:
-                    if not await self._settle_turn(active, flow, pending):
+                    carried, fused = fused, {}
+                    if not await self._settle_turn(active, flow, pending, carried):
                         return  # paused or failed
                     continue  # every call of the turn is final now (the journal knows)
                 if completed < last + 1:  # also after an operator resolved the last call
@@ -252,11 +257,13 @@ class Executor:
             # asks for the moment between the two (a decision recorded, the run not
             # finished: how a worker of the previous release leaves it)
             finish = not payload and not self.crash.wants("after_record_turn", str(next_turn))
+            # and the calls sent first are dispatched in it too (one commit)
+            first = self._sent_with_decision(active, flow, next_turn, payload)
             try:
-                active.state_version = await self.writes.write(
+                active.state_version, attempts = await self.writes.write(
                     active,
                     "record_turn",
-                    self.store.record_turn_v3(
+                    self.store.record_turn_v4(
                         c.run_id,
                         c.lease_id,
                         c.fencing_token,
@@ -267,6 +274,7 @@ class Executor:
                         expected_version=active.state_version,
                         state=active.checkpoint_due,
                         finish=finish,
+                        dispatch=first,
                     ),
                 )
             except errors.InvalidInput as exc:  # e.g. args the database cannot store
@@ -275,27 +283,70 @@ class Executor:
             active.checkpoint_due = None
             self.crash.hit("after_record_turn", str(next_turn))
             journal.recorded(next_turn, payload, decision.record, decision.output)
+            for call_id, attempt in zip(first, attempts, strict=True):
+                key = f"{c.run_id}:{next_turn}:{call_id}"
+                planned = journal.call(key)
+                assert planned is not None
+                fused[key] = (planned, attempt)
+                journal.dispatched(key, attempt, c.fencing_token)
             if finish:
                 self.writes.finished(active, FinishStatus.SUCCEEDED, None)
                 return
 
-    async def _settle_turn(self, active: ActiveRun, flow: Flow, pending: list[Call]) -> bool:
+    def _sent_with_decision(
+        self, active: ActiveRun, flow: Flow, turn: int, payload: list[dict[str, Any]]
+    ) -> list[str]:
+        """The call ids of the decision's first group (one call, or the calls that run in
+        parallel with it) when each is a plain send: a tool of this flow, needing no
+        approval, and the lease allows a send now; else none. A crash point that names
+        the moment between the decision and a dispatch keeps the two commits apart."""
+        if not payload or active.draining or time.monotonic() >= active.deadline:
+            return []
+        if self.crash.wants("after_record_turn", str(turn)):
+            return []
+        tools = [x["tool"] for x in payload]
+        size = 1
+        if flow.runs_in_parallel(tools[0]):
+            while size < len(tools) and flow.runs_in_parallel(tools[size]):
+                size += 1
+        group = payload[:size]
+        for x in group:
+            if x["tool"] not in flow.tools or x.get("approval") is True:
+                return []
+            if self.crash.wants("before_dispatch", x["tool"]):
+                return []
+        return [x["call_id"] for x in group]
+
+    async def _settle_turn(
+        self,
+        active: ActiveRun,
+        flow: Flow,
+        pending: list[Call],
+        fused: dict[str, tuple[Call, int]],
+    ) -> bool:
         """Settle the open calls of the turn, group after group; False when the run was
         paused or failed for this. A single call followed by a single call dispatches
-        that one with its own result (one commit)."""
+        that one with its own result (one commit). ``fused``: the calls dispatched with
+        the decision (as recorded, and their attempt numbers): they are sent at once."""
         c = active.claim
+        pending = [
+            fused[x.idempotency_key][0] if x.idempotency_key in fused else x for x in pending
+        ]
         groups = call_groups(flow, pending)
         carried: int | None = None  # the next call's attempt, dispatched with a result
         for i, group in enumerate(groups):
             if len(group) == 1:
                 after = groups[i + 1] if i + 1 < len(groups) else []
                 nxt = after[0] if len(after) == 1 else None
+                if i == 0 and group[0].idempotency_key in fused:
+                    carried = fused[group[0].idempotency_key][1]
                 done, carried = await self.calls.settle(
                     active, flow, group[0], next_call=nxt, dispatched=carried
                 )
                 settled = [(group[0], done)]
             else:
-                settled = await settle_group(self.calls, active, flow, group)
+                sent = {k: a for k, (_, a) in fused.items()} if i == 0 else {}
+                settled = await settle_group(self.calls, active, flow, group, dispatched=sent)
                 carried = None
             paused = [x.idempotency_key for x, s in settled if s is Settled.PAUSED]
             waits = [x.idempotency_key for x, s in settled if s is Settled.AWAITING_APPROVAL]
