@@ -1,4 +1,4 @@
-"""The worker's fast path: a run of 3 turns of 3 calls, then the final decision, is 17
+"""The worker's fast path: a run of 3 turns of 3 calls, then the final decision, is 14
 write transactions in the protocol's order and no read after the claim; the journal it
 keeps in memory is the one the database holds."""
 
@@ -100,6 +100,53 @@ async def test_a_run_of_three_turns_of_three_calls_is_fourteen_commits(
     assert {(c["status"], c["attempts"], c["dispatched_token"]) for c in calls} == {
         ("succeeded", 1, 1)
     }
+
+
+async def test_a_parallel_group_is_dispatched_with_its_decision(
+    db: Db, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+    flow = Flow("fast-par", "1", parallel_calls=True)
+
+    @flow.tool(safety="idempotent")
+    async def fetch(ctx: Any, i: int) -> int:
+        rec.tool(ctx)
+        return i
+
+    @flow.tool(safety="idempotent", parallel=False)
+    async def alone(ctx: Any) -> str:
+        rec.tool(ctx)
+        return "alone"
+
+    @flow.policy
+    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        rec.policy(ctx, history)
+        if ctx.turn == 0:  # a group of three, then one that runs alone
+            return [*(ToolCall("fetch", {"i": i}) for i in range(3)), ToolCall("alone", {})]
+        if ctx.turn == 1:  # one that runs alone first: it goes with the decision alone
+            return [ToolCall("alone", {}), ToolCall("fetch", {"i": 9})]
+        return []
+
+    await start_worker(flow)
+    await db.submit("par-1", flow)
+    run = await db.wait_status("par-1", "succeeded", "failed", "paused")
+    assert run["status"] == "succeeded"
+    txs = await _transactions(db, "par-1")
+    assert txs[2] == ["turn_recorded", *["call_dispatched"] * 3]
+    assert txs[3:] == [
+        ["call_succeeded"],
+        ["call_succeeded"],
+        ["call_succeeded"],
+        ["call_dispatched"],  # a group's results carry no dispatch: the next runs alone
+        ["call_succeeded"],
+        ["checkpoint", "turn_recorded", "call_dispatched"],  # a call alone goes alone
+        ["call_succeeded", "call_dispatched"],
+        ["call_succeeded"],
+        ["checkpoint", "turn_recorded", "run_succeeded"],
+    ]
+    calls = await db.calls("par-1")
+    assert {(c["status"], c["attempts"]) for c in calls} == {("succeeded", 1)}
+    assert len(rec.tool_calls) == 6
 
 
 def _history_as_json(history: list[Any]) -> str:
