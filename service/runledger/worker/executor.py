@@ -99,7 +99,8 @@ class Executor:
             "fencing_token": claim.fencing_token,
         }
         try:
-            await self._drive(active)
+            async with self.store.pinned():  # one connection for the run's writes
+                await self._drive(active)
         except errors.LeaseLost as exc:
             log.warning("write refused: lease lost, dropping run", extra=fields)
             await self.writes.report_stale(active, exc)
