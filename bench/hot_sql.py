@@ -39,6 +39,7 @@ SQL_DIR = "service/runledger/db/sql"
 TURNS = 3
 CALLS = 3
 FLOW = "bench-agent"
+SEQUENCE = "fast"
 
 
 def living_sql_of(ref: str | None) -> str:
@@ -116,10 +117,79 @@ def one_run(conn: psycopg.Connection[Any], worker: str) -> None:
     )
 
 
+def one_fast_run(conn: psycopg.Connection[Any], worker: str) -> None:
+    """What the worker sends on this schema since revision 0008: the journal comes with
+    the claim, the checkpoint rides on the next decision, a call's completion dispatches
+    the next one, and the final empty decision finishes the run. Since 0009
+    (``record_turn_v4``, when the schema has it) the decision also dispatches its first
+    call."""
+    ex = conn.execute
+    v4 = ex(
+        "SELECT to_regprocedure('runledger.record_turn_v4(text, uuid, bigint, int, jsonb, "
+        "jsonb, jsonb, bigint, jsonb, boolean, text[])') IS NOT NULL"
+    ).fetchone()[0]  # type: ignore[index]
+    row = ex(
+        "SELECT run_id, state_version, fencing_token, lease_id "
+        "FROM runledger.claim_runs_v2(%s, %s::text[], %s::interval, %s)",
+        (worker, [f"{FLOW}@1"], "30 seconds", 1),
+    ).fetchone()
+    assert row is not None, "nothing to claim"
+    run_id, version, token, lease = row
+    lease_args = (run_id, lease, token)
+    turn_args = "%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s::jsonb, %s"
+    for turn in range(TURNS + 1):
+        final = turn == TURNS
+        calls = (
+            []
+            if final
+            else [{"call_id": f"c{i}", "tool": "noop", "args": {"i": i}} for i in range(CALLS)]
+        )
+        state = None if turn == 0 else Jsonb({"turn": turn})
+        args = (
+            *lease_args,
+            turn,
+            Jsonb(calls),
+            None,
+            Jsonb({"done": True}) if final else None,
+            version,
+            state,
+            final,
+        )
+        if v4:
+            first = [] if final else ["c0"]
+            version = ex(
+                f"SELECT state_version FROM runledger.record_turn_v4({turn_args}, %s::text[])",
+                (*args, first),
+            ).fetchone()[0]  # type: ignore[index]
+        else:
+            version = ex(f"SELECT runledger.record_turn_v3({turn_args})", args).fetchone()[0]  # type: ignore[index]
+        if final:
+            break
+        keys = [f"{run_id}:{turn}:c{i}" for i in range(CALLS)]
+        if not v4:
+            ex("SELECT runledger.dispatch_call(%s, %s, %s, %s) AS attempt", (*lease_args, keys[0]))
+        for i, key in enumerate(keys):
+            ex(
+                "SELECT runledger.complete_call_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)",
+                (
+                    *lease_args,
+                    key,
+                    "succeeded",
+                    Jsonb({"ok": True, "i": i}),
+                    None,
+                    keys[i + 1] if i + 1 < CALLS else None,
+                ),
+            )
+
+
+SEQUENCES = {"fast": one_fast_run, "v2": one_run}
+
+
 def measure(url: str, dbname: str, admin: psycopg.Connection[Any], runs: int) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
         submit(conn, f"r{uuid.uuid4().hex[:8]}-", runs)
-        one_run(conn, "w1")  # warm the session's caches
+        run = SEQUENCES[SEQUENCE]
+        run(conn, "w1")  # warm the session's caches
         pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
         admin.execute(
             "SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database "
@@ -128,7 +198,7 @@ def measure(url: str, dbname: str, admin: psycopg.Connection[Any], runs: int) ->
         )
         cpu0, t0 = backend_cpu(pid), time.perf_counter()
         for _ in range(runs - 1):
-            one_run(conn, "w1")
+            run(conn, "w1")
         wall, cpu = time.perf_counter() - t0, backend_cpu(pid) - cpu0
     stats = admin.execute(
         "SELECT query, toplevel, calls, mean_exec_time FROM pg_stat_statements s "
@@ -162,8 +232,16 @@ def main() -> None:
         default="all",
         help="pg_stat_statements.track: top costs the backend less",
     )
+    ap.add_argument(
+        "--sequence",
+        choices=tuple(SEQUENCES),
+        default="fast",
+        help="fast: what the worker sends since 0008; v2: one transaction per step, as before",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write raw numbers here")
     args = ap.parse_args()
+    global SEQUENCE
+    SEQUENCE = args.sequence
     ref = (
         args.ref
         or subprocess.run(

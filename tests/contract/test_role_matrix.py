@@ -341,6 +341,7 @@ WORKER_FUNCTIONS = {
     "record_turn",
     "record_turn_v2",
     "record_turn_v3",
+    "record_turn_v4",
     "dispatch_call",
     "complete_call",
     "complete_call_v2",

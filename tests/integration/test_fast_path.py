@@ -1,4 +1,4 @@
-"""The worker's fast path: a run of 3 turns of 3 calls, then the final decision, is 17
+"""The worker's fast path: a run of 3 turns of 3 calls, then the final decision, is 14
 write transactions in the protocol's order and no read after the claim; the journal it
 keeps in memory is the one the database holds."""
 
@@ -52,7 +52,7 @@ async def _transactions(db: Db, run_id: str) -> list[list[str]]:
     return grouped
 
 
-async def test_a_run_of_three_turns_of_three_calls_is_seventeen_commits(
+async def test_a_run_of_three_turns_of_three_calls_is_fourteen_commits(
     db: Db, start_worker: StartWorker
 ) -> None:
     rec = Recorder()
@@ -75,8 +75,8 @@ async def test_a_run_of_three_turns_of_three_calls_is_seventeen_commits(
     assert run["status"] == "succeeded"
     assert run["result"] == {"turns": TURNS + 1, "calls": TURNS * CALLS}
     assert (run["state"], run["state_version"]) == ({"completed_turns": TURNS}, TURNS)
-    one_turn = [
-        ["call_dispatched"],
+    # the decision and its first call's dispatch are one commit (record_turn_v4)
+    rest_of_turn = [
         ["call_succeeded", "call_dispatched"],
         ["call_succeeded", "call_dispatched"],
         ["call_succeeded"],
@@ -84,14 +84,14 @@ async def test_a_run_of_three_turns_of_three_calls_is_seventeen_commits(
     assert await _transactions(db, "fast-1") == [
         ["submitted"],
         ["claimed"],
-        ["turn_recorded"],
-        *one_turn,
-        ["checkpoint", "turn_recorded"],
-        *one_turn,
-        ["checkpoint", "turn_recorded"],
-        *one_turn,
+        ["turn_recorded", "call_dispatched"],
+        *rest_of_turn,
+        ["checkpoint", "turn_recorded", "call_dispatched"],
+        *rest_of_turn,
+        ["checkpoint", "turn_recorded", "call_dispatched"],
+        *rest_of_turn,
         ["checkpoint", "turn_recorded", "run_succeeded"],
-    ]  # 17 of the worker's: the claim, 5 per turn, the final decision
+    ]  # 14 of the worker's: the claim, 4 per turn, the final decision
     assert reads == []  # the journal came with the claim and stayed in memory
     assert [(k, a) for _, k, a, _ in rec.tool_calls] == [
         (f"fast-1:{t}:c{i}", 1) for t in range(TURNS) for i in range(CALLS)
@@ -100,6 +100,53 @@ async def test_a_run_of_three_turns_of_three_calls_is_seventeen_commits(
     assert {(c["status"], c["attempts"], c["dispatched_token"]) for c in calls} == {
         ("succeeded", 1, 1)
     }
+
+
+async def test_a_parallel_group_is_dispatched_with_its_decision(
+    db: Db, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+    flow = Flow("fast-par", "1", parallel_calls=True)
+
+    @flow.tool(safety="idempotent")
+    async def fetch(ctx: Any, i: int) -> int:
+        rec.tool(ctx)
+        return i
+
+    @flow.tool(safety="idempotent", parallel=False)
+    async def alone(ctx: Any) -> str:
+        rec.tool(ctx)
+        return "alone"
+
+    @flow.policy
+    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        rec.policy(ctx, history)
+        if ctx.turn == 0:  # a group of three, then one that runs alone
+            return [*(ToolCall("fetch", {"i": i}) for i in range(3)), ToolCall("alone", {})]
+        if ctx.turn == 1:  # one that runs alone first: it goes with the decision alone
+            return [ToolCall("alone", {}), ToolCall("fetch", {"i": 9})]
+        return []
+
+    await start_worker(flow)
+    await db.submit("par-1", flow)
+    run = await db.wait_status("par-1", "succeeded", "failed", "paused")
+    assert run["status"] == "succeeded"
+    txs = await _transactions(db, "par-1")
+    assert txs[2] == ["turn_recorded", *["call_dispatched"] * 3]
+    assert txs[3:] == [
+        ["call_succeeded"],
+        ["call_succeeded"],
+        ["call_succeeded"],
+        ["call_dispatched"],  # a group's results carry no dispatch: the next runs alone
+        ["call_succeeded"],
+        ["checkpoint", "turn_recorded", "call_dispatched"],  # a call alone goes alone
+        ["call_succeeded", "call_dispatched"],
+        ["call_succeeded"],
+        ["checkpoint", "turn_recorded", "run_succeeded"],
+    ]
+    calls = await db.calls("par-1")
+    assert {(c["status"], c["attempts"]) for c in calls} == {("succeeded", 1)}
+    assert len(rec.tool_calls) == 6
 
 
 def _history_as_json(history: list[Any]) -> str:
@@ -184,8 +231,7 @@ async def test_a_draining_worker_completes_the_call_alone_and_sends_no_next(
     assert await _transactions(db, "drain-f") == [
         ["submitted"],
         ["claimed"],
-        ["turn_recorded"],
-        ["call_dispatched"],
+        ["turn_recorded", "call_dispatched"],  # the decision and its first call's dispatch
         ["call_succeeded"],
         ["lease_released"],
     ]

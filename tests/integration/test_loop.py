@@ -726,6 +726,8 @@ async def test_stop_lets_the_call_finish_then_releases_the_lease(
     try:
         await eventually(running.is_set, what="tool running")
         w1.request_stop()
+        # the stop reaches the run on the worker's loop: only then may the tool return
+        await eventually(lambda: w1.worker.active["drain-1"].draining, what="run draining")
     finally:
         release.set()
     await w1.stop()

@@ -191,7 +191,7 @@ def lease_of(c: ClaimedRun) -> tuple[str, Any, int]:
 @dataclass(frozen=True)
 class Case:
     id: str
-    function: str  # the statement the fault hits: "SELECT runledger.<function>("
+    function: str  # the statement the fault hits: "SELECT [* FROM ]runledger.<function>("
     setup: Callable[[Store], Awaitable[Any]]
     act: Act
     returns: Any = None
@@ -205,7 +205,13 @@ class Case:
 
     @property
     def prefix(self) -> str:
+        if self.function in ROW_FUNCTIONS:
+            return f"SELECT * FROM runledger.{self.function}("
         return f"SELECT runledger.{self.function}("
+
+
+# functions that return a row, selected FROM (Store.record_turn_v3 sends record_turn_v4)
+ROW_FUNCTIONS = frozenset({"record_turn_v4"})
 
 
 def complete(outcome: str, result: Any, receipt: Any) -> Act:
@@ -334,7 +340,7 @@ CASES = [
     Case(
         # the fast path (0008): the decision, the checkpoint before it, one transaction
         "record_turn_v3",
-        "record_turn_v3",
+        "record_turn_v4",
         leased,
         lambda s, c: s.record_turn_v3(
             *lease_of(c),
@@ -351,8 +357,26 @@ CASES = [
         events={"checkpoint": 1, "turn_recorded": 1},
     ),
     Case(
+        # 0009: the decision and the dispatch of its first calls, one transaction
+        "record_turn_v4-dispatch",
+        "record_turn_v4",
+        leased,
+        lambda s, c: s.record_turn_v4(
+            *lease_of(c),
+            0,
+            [{"call_id": "c1", "tool": "t", "args": {}}],
+            expected_version=0,
+            state={"completed_turns": 0},
+            dispatch=["c1"],
+        ),
+        returns=(1, (1,)),
+        call={"status": "dispatched", "attempts": 1},
+        run={"state_version": 1, "state": {"completed_turns": 0}, "status": "running"},
+        events={"checkpoint": 1, "turn_recorded": 1, "call_dispatched": 1},
+    ),
+    Case(
         "record_turn_v3-no-state",
-        "record_turn_v3",
+        "record_turn_v4",
         leased,
         lambda s, c: s.record_turn_v3(
             *lease_of(c), 0, [{"call_id": "c1", "tool": "t"}], expected_version=0
@@ -365,7 +389,7 @@ CASES = [
     Case(
         # the final decision ends the run: sent again, it would meet a lease that is gone
         "record_turn_v3-final",
-        "record_turn_v3",
+        "record_turn_v4",
         leased,
         lambda s, c: s.record_turn_v3(
             *lease_of(c),

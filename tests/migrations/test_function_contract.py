@@ -154,6 +154,23 @@ CONTRACT: list[Fn] = [
         "bigint",
     ),
     Fn(
+        "record_turn_v4",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_turn", "int"),
+            ("p_calls", "jsonb"),
+            ("p_record", "jsonb"),
+            ("p_output", "jsonb"),
+            ("p_expected_version", "bigint"),
+            ("p_state", "jsonb"),
+            ("p_finish", "boolean"),
+            ("p_dispatch", "text[]"),
+        ],
+        [("state_version", "bigint"), ("attempts", "integer[]")],
+    ),
+    Fn(
         "dispatch_call",
         [
             ("p_run_id", "text"),
@@ -381,6 +398,8 @@ UNPINNED = {
     "runledger._lock_run(text)",
     "runledger._lock_leased_run(text,uuid,bigint)",
     "runledger._lock_call(text,text)",
+    "runledger._dispatch(text,text,text,bigint,bigint,timestamp with time zone)",
+    "runledger._dispatch_each(runledger.runs,integer,text[],timestamp with time zone,bigint)",
     "runledger._requeue_if_settled(runledger.runs,text,text,timestamp with time zone)",
     "runledger._lock_awaiting_call(text)",
     "runledger._prune_authorized()",

@@ -13,6 +13,10 @@ statement is one transaction. Two ways to send one:
 Serialization failures and deadlocks (the transaction was rolled back) are sent again
 without a read-back.
 
+:meth:`Executor.pinned`: the statements of one task (a run's writes, and the tasks it
+starts) go through one connection of the pool instead of a checkout each; a connection
+failure unpins it, and the pool takes over again.
+
 Connecting (:func:`probe`, which :meth:`runledger.db.store.Store.connect` and
 ``runledger migrate`` call first) fails fast and says why in one line: within the connect
 timeout, a :class:`~runledger.errors.DatabaseUnavailable` naming host, port and database
@@ -25,13 +29,15 @@ with an older revision of it (``runledger migrate``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
 import random
 import re
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from enum import StrEnum
 from typing import Any, LiteralString, TypeVar
 
@@ -272,6 +278,40 @@ def _rows_as_is(rows: list[Row]) -> list[Row]:
     return rows
 
 
+class _Pin:
+    """One connection of ``pool`` lent to a task and the tasks it starts. A statement
+    in flight keeps it lent; once released (and idle) it goes back to the pool, and so it
+    does, unpinned, after a connection failure (the pool discards a broken one)."""
+
+    __slots__ = ("conn", "pool", "released", "users")
+
+    def __init__(self, pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.pool = pool
+        self.conn: psycopg.AsyncConnection[Any] | None = conn
+        self.users = 0
+        self.released = False
+
+    async def _give_back(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await self.pool.putconn(conn)
+
+    async def done_with(self, lost: bool) -> None:
+        self.users -= 1
+        if lost:
+            self.released = True
+        if self.released and self.users == 0:
+            await self._give_back()
+
+    async def release(self) -> None:
+        self.released = True
+        if self.users == 0:
+            await self._give_back()
+
+
+_PINNED: ContextVar[_Pin | None] = ContextVar("runledger_pinned", default=None)
+
+
 class Executor:
     """The pool and the retry loop every statement of the store goes through."""
 
@@ -295,9 +335,47 @@ class Executor:
 
     async def _rows(self, sql: LiteralString, params: Sequence[Any]) -> list[Row]:
         """Send one statement: the only place that talks to the driver."""
+        pin = _PINNED.get()
+        if pin is not None and pin.pool is self.pool and not pin.released:
+            conn = pin.conn
+            assert conn is not None
+            pin.users += 1
+            lost = False
+            try:
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(sql, params)
+                    return await cur.fetchall() if cur.description else []
+            except psycopg.Error as exc:
+                lost = is_connection_error(exc) or conn.closed or conn.broken
+                raise
+            except BaseException:  # cancelled mid-statement: the connection's state is
+                lost = True  # not known; the pool sorts it out when it comes back
+                raise
+            finally:
+                await pin.done_with(lost)
         async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(sql, params)
             return await cur.fetchall() if cur.description else []
+
+    @contextlib.asynccontextmanager
+    async def pinned(self) -> AsyncIterator[None]:
+        """Send this task's statements (and those of the tasks it starts) through one
+        connection, checked out once. Every statement stays its own autocommit
+        transaction; what differs is only that each one skips the pool's checkout. A
+        statement still in flight at the exit (a fenced run's write in the background)
+        keeps the connection until it ends."""
+        try:
+            conn = await self.pool.getconn()
+        except Exception:  # the pool is exhausted or closing: the statements check out
+            yield
+            return
+        pin = _Pin(self.pool, conn)
+        token = _PINNED.set(pin)
+        try:
+            yield
+        finally:
+            _PINNED.reset(token)
+            await pin.release()
 
     async def _read(
         self, sql: LiteralString, params: Sequence[Any], *, fields: dict[str, Any] | None = None

@@ -2,8 +2,9 @@
 
 - :meth:`FastPath.claim_runs_v2`: each claimed run comes with its stalled-claim count
   and its journal, so the worker reads nothing after a claim;
-- :meth:`FastPath.record_turn_v3`: a decision, the checkpoint of the turns before it and,
-  for the final decision, the run's success, in one transaction;
+- :meth:`FastPath.record_turn_v4`: a decision, the checkpoint of the turns before it and,
+  for the final decision, the run's success, in one transaction; since revision 0009 also
+  the dispatch of the decision's first calls (``record_turn_v3`` is it without them);
 - :meth:`FastPath.complete_call_v2`: a call's result and the next call's dispatch, in one
   transaction.
 
@@ -98,14 +99,47 @@ class FastPath(OperatorWrites):
         """Record a decision as ``record_turn``; with ``state`` (an object) checkpoint it
         first (compare-and-set on ``expected_version``); with ``finish`` (a final decision:
         no calls) the run succeeds with ``output`` as its result. Returns the run's
-        state version after it."""
+        state version after it. (``record_turn_v4`` without calls to dispatch.)"""
+        version, _ = await self.record_turn_v4(
+            run_id,
+            lease_id,
+            fencing_token,
+            turn,
+            calls,
+            record=record,
+            output=output,
+            expected_version=expected_version,
+            state=state,
+            finish=finish,
+        )
+        return version
+
+    async def record_turn_v4(
+        self,
+        run_id: str,
+        lease_id: uuid.UUID,
+        fencing_token: int,
+        turn: int,
+        calls: list[dict[str, Any]],
+        *,
+        record: dict[str, Any] | None = None,
+        output: Any = None,
+        expected_version: int,
+        state: dict[str, Any] | None = None,
+        finish: bool = False,
+        dispatch: Sequence[str] = (),
+    ) -> tuple[int, tuple[int, ...]]:
+        """As :meth:`record_turn_v3`, and dispatch the calls ``dispatch`` names (call ids
+        of this decision) in the same transaction. Returns the run's state version after
+        it and each dispatched call's attempt number, in ``dispatch``'s order."""
         payload = self._json("calls", calls, obj=False)
         record_json = self._json("record", record, obj=True, nullable=True)
         output_json = self._json("output", output, obj=False, nullable=True)
         state_json = self._json("state", state, obj=True, nullable=True)
+        call_ids = list(dispatch)
         done = await self._write(
-            "SELECT runledger.record_turn_v3(%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb,"
-            " %s, %s::jsonb, %s) AS state_version",
+            "SELECT * FROM runledger.record_turn_v4(%s, %s, %s, %s, %s::jsonb, %s::jsonb,"
+            " %s::jsonb, %s, %s::jsonb, %s, %s::text[])",
             (
                 run_id,
                 lease_id,
@@ -117,17 +151,19 @@ class FastPath(OperatorWrites):
                 expected_version,
                 state_json,
                 finish,
+                call_ids,
             ),
             result=lambda rows: Recorded(
                 run_id=RunId(run_id),
                 turn=turn,
                 state_version=int(rows[0]["state_version"]),
                 finished=finish,
+                attempts=tuple(int(a) for a in rows[0]["attempts"]),
             ),
-            landed=lambda: self.recorded(run_id, fencing_token, turn, finish),
+            landed=lambda: self.recorded(run_id, fencing_token, turn, finish, call_ids),
             fields={"run_id": run_id, "fencing_token": fencing_token},
         )
-        return done.state_version
+        return done.state_version, done.attempts
 
     async def complete_call_v2(
         self,

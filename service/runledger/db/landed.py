@@ -16,6 +16,7 @@ move afterwards:
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -205,11 +206,18 @@ class ReadBacks(Reads):
         )
 
     async def recorded(
-        self, run_id: str, fencing_token: int, turn: int, finish: bool
+        self,
+        run_id: str,
+        fencing_token: int,
+        turn: int,
+        finish: bool,
+        dispatched: Sequence[str] = (),
     ) -> Recorded | None:
-        """``record_turn_v3``: the ``turn_recorded`` event of this turn under our token
-        (a lease records a turn once; the checkpoint and the finish are in its
-        transaction). Its state_version is the version the write left."""
+        """``record_turn_v3``/``_v4``: the ``turn_recorded`` event of this turn under our
+        token (a lease records a turn once; the checkpoint, the finish and the dispatch of
+        the ``dispatched`` calls are in its transaction). Its state_version is the version
+        the write left; each dispatched call is then at its first attempt (the calls of a
+        turn recorded now were never sent before)."""
         rows = await self._read(
             """SELECT e.state_version FROM runledger.run_events e
                WHERE e.run_id = %s AND e.kind = 'turn_recorded' AND e.fencing_token = %s
@@ -219,11 +227,21 @@ class ReadBacks(Reads):
         )
         if not rows:
             return None
+        for call_id in dispatched:
+            key = f"{run_id}:{turn}:{call_id}"
+            if not await self._journaled(
+                run_id,
+                "call_dispatched",
+                fencing_token=fencing_token,
+                detail={"idempotency_key": key, "attempt": 1},
+            ):
+                return None
         return Recorded(
             run_id=RunId(run_id),
             turn=turn,
             state_version=int(rows[0]["state_version"]),
             finished=finish,
+            attempts=(1,) * len(dispatched),
         )
 
     async def finished(

@@ -52,13 +52,15 @@ class Advanced:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recorded:
-    """A decision recorded (``record_turn_v3``), with the checkpoint before it and, for the
-    final decision, the run's success."""
+    """A decision recorded (``record_turn_v3``/``_v4``), with the checkpoint before it and,
+    for the final decision, the run's success; ``attempts``: the attempt number of each
+    call dispatched with it (``record_turn_v4``), in the order asked."""
 
     run_id: RunId
     turn: int
     state_version: int
     finished: bool
+    attempts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

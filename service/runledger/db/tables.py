@@ -195,11 +195,7 @@ run_calls: Final = Table(
         name="approval_decided",
     ),
 )
-Index(
-    "ix_run_calls_open",
-    run_calls.c.run_id,
-    postgresql_where=run_calls.c.status.in_(["planned", "dispatched", "unknown"]),
-)
+# No index on status (revision 0009): see 01_tables.sql.
 
 # No foreign key to runs: events outlive their run when prune_runs keeps them.
 run_events: Final = Table(

@@ -14,9 +14,11 @@
 3. A call that settles ``unknown`` pauses the run, and so does a call that awaits a
    person's approval (it is not sent; the other calls of its group run first); once every
    call of the turn is final the turn is due a checkpoint, then the policy decides the
-   next turn. The checkpoint commits with that decision (``record_turn_v3``), and the
-   final decision also ends the run: one commit each. A checkpoint still due when the run
-   ends otherwise (fails, pauses, is handed back) is written on its own first.
+   next turn. The checkpoint commits with that decision (``record_turn_v4``), so does the
+   dispatch of the decision's first call (or first parallel group), and the final
+   decision also ends the run: one commit each. A checkpoint still due when the run ends
+   otherwise (fails, pauses, is handed back) is written on its own first. The runs given
+   up on (crash loop, undecodable JSON) are :mod:`runledger.worker.giving_up`'s.
 
 The journal comes with the claim (``claim_runs_v2``) and is kept in memory for the rest
 of the lease (:mod:`runledger.worker.journal`): nothing is read back after a write.
@@ -25,6 +27,7 @@ of the lease (:mod:`runledger.worker.journal`): nothing is read back after a wri
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import psycopg
@@ -41,24 +44,22 @@ from runledger.flows import (
     Recordable,
     invoke,
 )
-from runledger.model import Approval, Call, CallStatus, FinishStatus, Outcome, Turn
+from runledger.model import Approval, Call, FinishStatus, Turn
 from runledger.worker import poison
 from runledger.worker.calls import Calls, Settled, check_boundary, check_deadline
 from runledger.worker.crash import CrashPoints
+from runledger.worker.giving_up import GivingUp
 from runledger.worker.groups import call_groups, settle_group
 from runledger.worker.journal import LocalJournal
 from runledger.worker.poison import UndecodableRun
 from runledger.worker.runs import (
-    MAX_PAUSE_REASON,
     ActiveRun,
     Backoff,
     Draining,
     Limits,
     LocalLeaseExpired,
     PolicyFailed,
-    awaiting_approval_reason,
     error_of,
-    in_flight_reason,
     pause_reason,
 )
 from runledger.worker.writes import Writes
@@ -85,6 +86,7 @@ class Executor:
         self.crash = crash or CrashPoints(None)
         self.writes = Writes(store, worker_id=worker_id)
         self.calls = Calls(self.writes, limits=limits, crash=self.crash)
+        self.giving_up = GivingUp(store, self.writes, worker_id=worker_id)
 
     # -- entry -----------------------------------------------------------------------
 
@@ -97,7 +99,8 @@ class Executor:
             "fencing_token": claim.fencing_token,
         }
         try:
-            await self._drive(active)
+            async with self.store.pinned():  # one connection for the run's writes
+                await self._drive(active)
         except errors.LeaseLost as exc:
             log.warning("write refused: lease lost, dropping run", extra=fields)
             await self.writes.report_stale(active, exc)
@@ -146,12 +149,6 @@ class Executor:
 
     # -- the turns ---------------------------------------------------------------------
 
-    async def _finish(
-        self, active: ActiveRun, status: FinishStatus, result: Any, reason: str | None
-    ) -> None:
-        await self.writes.checkpoint_due(active)
-        await self.writes.finish(active, status, result, reason)
-
     async def _drive(self, active: ActiveRun) -> None:
         c = active.claim
         # Before anything of the run is loaded or decoded: a run that keeps crashing the
@@ -160,7 +157,7 @@ class Executor:
         assert active.loaded is not None, "every claim comes from claim_runs_v2"
         stalled = active.loaded.stalled_claims
         if stalled > self.limits.max_stalled_claims:
-            await self._give_up(active, stalled)
+            await self.giving_up.crash_loop(active, stalled)
             return
         try:
             for what, value in (("input", c.input), ("state", c.state)):
@@ -169,7 +166,7 @@ class Executor:
                     raise UndecodableRun(what, found)
             await self._turns(active)
         except UndecodableRun as exc:
-            await self._undecodable(active, exc)
+            await self.giving_up.undecodable(active, exc)
 
     async def _journal(self, active: ActiveRun) -> Journal:
         """The run's turns and calls, from the claim or else read; :class:`UndecodableRun`
@@ -205,6 +202,9 @@ class Executor:
         active.journal = journal
         active.state_version = c.state_version
         completed = int((c.state or {}).get("completed_turns", 0))
+        # calls dispatched with their decision (record_turn_v4): key -> (the call as it was
+        # recorded, planned; its attempt number)
+        fused: dict[str, tuple[Call, int]] = {}
         while True:
             turns, calls = journal.turns, journal.calls
             if turns:
@@ -213,11 +213,12 @@ class Executor:
                     result = turns[-1].output
                     if result is None:
                         result = {"turns": len(turns), "calls": len(calls)}
-                    await self._finish(active, FinishStatus.SUCCEEDED, result, None)
+                    await self.writes.end(active, FinishStatus.SUCCEEDED, result, None)
                     return
                 pending = [x for x in calls if x.turn == last and not x.status.terminal]
                 if pending:
-                    if not await self._settle_turn(active, flow, pending):
+                    carried, fused = fused, {}
+                    if not await self._settle_turn(active, flow, pending, carried):
                         return  # paused or failed
                     continue  # every call of the turn is final now (the journal knows)
                 if completed < last + 1:  # also after an operator resolved the last call
@@ -229,11 +230,12 @@ class Executor:
             try:
                 decision = await self._decide(active, flow, next_turn, turns, calls)
             except InvalidDecision as exc:
-                await self._finish(active, FinishStatus.FAILED, error_of(exc), "invalid_decision")
+                failed = error_of(exc)
+                await self.writes.end(active, FinishStatus.FAILED, failed, "invalid_decision")
                 return
             except PolicyFailed as exc:
                 error = error_of(exc.__cause__ or exc)
-                await self._finish(active, FinishStatus.FAILED, error, "policy_error")
+                await self.writes.end(active, FinishStatus.FAILED, error, "policy_error")
                 return
             # the model answered, nothing of it is journaled yet
             self.crash.hit("after_decide", str(next_turn))
@@ -241,22 +243,24 @@ class Executor:
             # max_turns counts turns with calls: the policy may always end the run
             if payload and next_turn >= max_turns:
                 budget = {"max_turns": max_turns}
-                await self._finish(active, FinishStatus.FAILED, budget, "budget_exceeded")
+                await self.writes.end(active, FinishStatus.FAILED, budget, "budget_exceeded")
                 return
             if len(calls) + len(payload) > max_calls:
                 budget = {"max_calls": max_calls}
-                await self._finish(active, FinishStatus.FAILED, budget, "budget_exceeded")
+                await self.writes.end(active, FinishStatus.FAILED, budget, "budget_exceeded")
                 return
             check_deadline(active)
             # The final decision ends the run in the same commit -- unless a crash point
             # asks for the moment between the two (a decision recorded, the run not
             # finished: how a worker of the previous release leaves it)
             finish = not payload and not self.crash.wants("after_record_turn", str(next_turn))
+            # and the calls sent first are dispatched in it too (one commit)
+            first = self._sent_with_decision(active, flow, next_turn, payload)
             try:
-                active.state_version = await self.writes.write(
+                active.state_version, attempts = await self.writes.write(
                     active,
                     "record_turn",
-                    self.store.record_turn_v3(
+                    self.store.record_turn_v4(
                         c.run_id,
                         c.lease_id,
                         c.fencing_token,
@@ -267,126 +271,96 @@ class Executor:
                         expected_version=active.state_version,
                         state=active.checkpoint_due,
                         finish=finish,
+                        dispatch=first,
                     ),
                 )
             except errors.InvalidInput as exc:  # e.g. args the database cannot store
-                await self._finish(active, FinishStatus.FAILED, error_of(exc), "invalid_decision")
+                failed = error_of(exc)
+                await self.writes.end(active, FinishStatus.FAILED, failed, "invalid_decision")
                 return
             active.checkpoint_due = None
             self.crash.hit("after_record_turn", str(next_turn))
             journal.recorded(next_turn, payload, decision.record, decision.output)
+            for call_id, attempt in zip(first, attempts, strict=True):
+                key = f"{c.run_id}:{next_turn}:{call_id}"
+                planned = journal.call(key)
+                assert planned is not None
+                fused[key] = (planned, attempt)
+                journal.dispatched(key, attempt, c.fencing_token)
             if finish:
                 self.writes.finished(active, FinishStatus.SUCCEEDED, None)
                 return
 
-    async def _settle_turn(self, active: ActiveRun, flow: Flow, pending: list[Call]) -> bool:
+    def _sent_with_decision(
+        self, active: ActiveRun, flow: Flow, turn: int, payload: list[dict[str, Any]]
+    ) -> list[str]:
+        """The call ids of the decision's first group (one call, or the calls that run in
+        parallel with it) when each is a plain send: a tool of this flow, needing no
+        approval, and the lease allows a send now; else none. A crash point that names
+        the moment between the decision and a dispatch keeps the two commits apart."""
+        if not payload or active.draining or time.monotonic() >= active.deadline:
+            return []
+        if self.crash.wants("after_record_turn", str(turn)):
+            return []
+        tools = [x["tool"] for x in payload]
+        size = 1
+        if flow.runs_in_parallel(tools[0]):
+            while size < len(tools) and flow.runs_in_parallel(tools[size]):
+                size += 1
+        group = payload[:size]
+        for x in group:
+            if x["tool"] not in flow.tools or x.get("approval") is True:
+                return []
+            if self.crash.wants("before_dispatch", x["tool"]):
+                return []
+        return [x["call_id"] for x in group]
+
+    async def _settle_turn(
+        self,
+        active: ActiveRun,
+        flow: Flow,
+        pending: list[Call],
+        fused: dict[str, tuple[Call, int]],
+    ) -> bool:
         """Settle the open calls of the turn, group after group; False when the run was
         paused or failed for this. A single call followed by a single call dispatches
-        that one with its own result (one commit)."""
+        that one with its own result (one commit). ``fused``: the calls dispatched with
+        the decision (as recorded, and their attempt numbers): they are sent at once."""
         c = active.claim
+        pending = [
+            fused[x.idempotency_key][0] if x.idempotency_key in fused else x for x in pending
+        ]
         groups = call_groups(flow, pending)
         carried: int | None = None  # the next call's attempt, dispatched with a result
         for i, group in enumerate(groups):
             if len(group) == 1:
                 after = groups[i + 1] if i + 1 < len(groups) else []
                 nxt = after[0] if len(after) == 1 else None
+                if i == 0 and group[0].idempotency_key in fused:
+                    carried = fused[group[0].idempotency_key][1]
                 done, carried = await self.calls.settle(
                     active, flow, group[0], next_call=nxt, dispatched=carried
                 )
                 settled = [(group[0], done)]
             else:
-                settled = await settle_group(self.calls, active, flow, group)
+                sent = {k: a for k, (_, a) in fused.items()} if i == 0 else {}
+                settled = await settle_group(self.calls, active, flow, group, dispatched=sent)
                 carried = None
             paused = [x.idempotency_key for x, s in settled if s is Settled.PAUSED]
             waits = [x.idempotency_key for x, s in settled if s is Settled.AWAITING_APPROVAL]
             missing = [x for x, s in settled if s is Settled.TOOL_MISSING]
             if missing:
                 tool = {"tool": missing[0].tool}
-                await self._finish(active, FinishStatus.FAILED, tool, "tool_missing")
+                await self.writes.end(active, FinishStatus.FAILED, tool, "tool_missing")
                 return False
             if paused or waits:  # after every sibling of the group finished
                 # name every call of the turn that awaits a person, later groups' too:
                 # the run is requeued only once all are decided
                 waits = [x.idempotency_key for x in pending if x.approval is Approval.PENDING]
                 why = pause_reason(c.run_id, paused, waits)
-                await self._finish(active, FinishStatus.PAUSED, None, why)
+                await self.writes.end(active, FinishStatus.PAUSED, None, why)
                 return False
         return True
-
-    async def _give_up(self, active: ActiveRun, stalled: int) -> None:
-        """Claimed too often without progress. A call that may have been sent is marked
-        unknown and the run pauses for a person; otherwise it fails as ``crash_loop``."""
-        why = f"crash_loop: {stalled} claims without progress"
-        try:
-            calls = await self.store.list_calls(active.run_id)
-        except (errors.RunLedgerError, psycopg.Error):
-            raise
-        except Exception as exc:
-            # not even the calls can be read: whether one is in flight cannot be known,
-            # so the run waits for a person rather than failing (which writes it off)
-            log.warning(
-                "crash_loop: the run's calls cannot be read; pausing it",
-                extra={"run_id": active.run_id, "error": repr(exc)},
-            )
-            reason = (
-                f"{why}, and its calls cannot be read ({type(exc).__name__}): inspect them "
-                f"with `runledger status {active.run_id}`, then `runledger retry "
-                f"{active.run_id}` or `runledger cancel {active.run_id}`"
-            )
-            await self._finish(active, FinishStatus.PAUSED, None, reason)
-            return
-        claims = {"claims_without_progress": stalled}
-        await self._fail_or_pause(active, calls, "crash_loop", claims, why)
-
-    async def _undecodable(self, active: ActiveRun, exc: UndecodableRun) -> None:
-        """A run whose input, state or journal this code cannot decode: failed alone (or
-        paused, if a call of it may have taken effect), with where and why."""
-        log.warning(
-            "run holds JSON that cannot be decoded: not driving it",
-            extra={
-                "run_id": active.run_id,
-                "worker_id": self.worker_id,
-                "fencing_token": active.claim.fencing_token,
-                "what": exc.what,
-                "at": [f.at for f in exc.found[: poison.MAX_FOUND]],
-            },
-        )
-        calls = await self.store.list_calls(active.run_id)  # each row decodes on its own
-        why = f"undecodable_run: the run's {exc.what} holds JSON this worker cannot decode"
-        await self._fail_or_pause(active, calls, "undecodable_run", exc.detail(), why)
-
-    async def _fail_or_pause(
-        self,
-        active: ActiveRun,
-        calls: list[Call],
-        reason: str,
-        detail: dict[str, Any],
-        why: str,
-    ) -> None:
-        """Give up on the run: ``failed`` with ``reason`` and ``detail``, unless a call
-        may be in flight (``dispatched``, or ``unknown`` already): a possible effect is
-        never written off, so such calls become ``unknown`` and the run pauses."""
-        in_flight = [x for x in calls if x.status in (CallStatus.DISPATCHED, CallStatus.UNKNOWN)]
-        if not in_flight:
-            await self._finish(active, FinishStatus.FAILED, detail, reason)
-            return
-        for call in in_flight:
-            if call.status is CallStatus.DISPATCHED:
-                error = {"reason": reason, **detail}
-                await self.writes.complete(active, call, Outcome.UNKNOWN, error, None)
-        keys = [x.idempotency_key for x in in_flight]
-        # resolving those requeues the run only once no call awaits approval: say so too
-        waits = [x.idempotency_key for x in calls if x.approval is Approval.PENDING]
-        more = ""
-        if waits:
-            more = f"; {awaiting_approval_reason(*waits)}"
-            if len(more) > MAX_PAUSE_REASON // 2:
-                more = (
-                    f"; {len(waits)} call(s) await approval "
-                    f"(`runledger status {active.run_id}` lists them)"
-                )
-        text = in_flight_reason(why, active.run_id, keys, reserve=len(more)) + more
-        await self._finish(active, FinishStatus.PAUSED, None, text)
 
     async def _decide(
         self,

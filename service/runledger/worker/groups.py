@@ -26,18 +26,32 @@ def call_groups(flow: Flow, calls: list[Call]) -> list[list[Call]]:
 
 
 async def settle_group(
-    calls: Calls, active: ActiveRun, flow: Flow, group: list[Call]
+    calls: Calls,
+    active: ActiveRun,
+    flow: Flow,
+    group: list[Call],
+    *,
+    dispatched: dict[str, int] | None = None,
 ) -> list[tuple[Call, Settled]]:
     """Settle the calls of ``group`` at the same time (one call: just that one).
+    ``dispatched``: attempt numbers of calls of the group whose dispatch committed
+    already (with their decision); those are sent at once.
 
     Every call runs to its own end -- a sibling that hits the lease's boundary or a
     refusal does not cut the others off midway: each checks the lease itself before
     it sends and on every write. If the run is fenced (its task cancelled) the calls
     are abandoned as a single call is. Then the first failure, if any, is raised
     (a lost lease before a local deadline before a drain)."""
+    sent = dispatched or {}
     if len(group) == 1:
-        return [(group[0], (await calls.settle(active, flow, group[0]))[0])]
-    tasks = [asyncio.ensure_future(calls.settle(active, flow, x)) for x in group]
+        x = group[0]
+        return [
+            (x, (await calls.settle(active, flow, x, dispatched=sent.get(x.idempotency_key)))[0])
+        ]
+    tasks = [
+        asyncio.ensure_future(calls.settle(active, flow, x, dispatched=sent.get(x.idempotency_key)))
+        for x in group
+    ]
     try:
         await asyncio.wait(tasks)
     except asyncio.CancelledError:

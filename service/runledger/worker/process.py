@@ -151,6 +151,10 @@ class Worker:
         log.info("stopping: draining runs", extra={"worker_id": self.worker_id})
         self.stopping.set()
         self.wake.set()
+        # at once, not when the claimer gets to _drain: a call that returns right after
+        # the signal must not be followed by a new step
+        for a in self.active.values():
+            a.draining = True
 
     def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -325,6 +329,7 @@ class Worker:
                     active = ActiveRun(
                         claim=run, deadline=sent + self.lease_seconds - self.margin, loaded=loaded
                     )
+                    active.draining = self.stopping.is_set()  # claimed as the stop came
                     self.active[run.run_id] = active
                     active.task = asyncio.create_task(
                         self._execute(executor, active), name=f"run:{run.run_id}"

@@ -128,6 +128,13 @@ class Writes:
         )
         self.finished(active, status, reason)
 
+    async def end(
+        self, active: ActiveRun, status: FinishStatus, result: Any, reason: str | None
+    ) -> None:
+        """End the run (``finish_run``), after the checkpoint still due, if one is."""
+        await self.checkpoint_due(active)
+        await self.finish(active, status, result, reason)
+
     def finished(self, active: ActiveRun, status: FinishStatus, reason: str | None) -> None:
         """Log the end of the run (written by ``finish_run`` or with the final decision)."""
         c = active.claim

@@ -36,7 +36,10 @@ CREATE TABLE runledger.runs (
         (status = 'running') = (lease_id IS NOT NULL)),
     CONSTRAINT ck_runs_finished_at CHECK (
         (status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL))
-);
+)
+-- room in each page for the updated row versions (revision 0009): most writes of a run
+-- leave its indexed columns alone and then stay heap-only (HOT) updates
+WITH (fillfactor = 80);
 -- claim_runs' order: highest priority first, then oldest
 CREATE INDEX ix_runs_claimable ON runledger.runs (flow, flow_version, priority DESC, created_at)
     WHERE status IN ('queued', 'running');
@@ -112,9 +115,14 @@ CREATE TABLE runledger.run_calls (
         CASE WHEN approval IN ('approved', 'denied')
              THEN approval_by IS NOT NULL AND approval_at IS NOT NULL
              ELSE approval_by IS NULL AND approval_at IS NULL AND approval_note IS NULL END)
-);
-CREATE INDEX ix_run_calls_open ON runledger.run_calls (run_id)
-    WHERE status IN ('planned', 'dispatched', 'unknown');
+)
+-- each call is updated two or three times, growing (its result): room for it (0009)
+WITH (fillfactor = 80);
+-- No index on status (revision 0009 dropped ix_run_calls_open): a call's status changes
+-- two or three times, and an index on it, or a predicate naming it, makes every change a
+-- new index entry in each index instead of a heap-only (HOT) update. A run's open calls
+-- are found through the primary key (run_id first); the open calls of all runs through
+-- runs (a run with one is running or paused).
 
 CREATE TABLE runledger.run_events (
     event_id bigserial NOT NULL,

@@ -364,3 +364,68 @@ BEGIN
     RETURN c;
 END
 $$;
+
+-- The dispatch of one call of a locked, leased run (revision 0009), the one place it is
+-- written: dispatch_call, complete_call_v2 (the next call) and record_turn_v4 (the first
+-- calls of a decision) call it after their lease check, with the clock they read after the
+-- lock. It locks the call, refuses one that cannot be sent (final, unknown, awaiting
+-- approval), marks it dispatched under the token and writes its call_dispatched event.
+-- Returns the attempt number.
+CREATE FUNCTION runledger._dispatch(p_run_id text, p_key text, p_owner text,
+                                    p_fencing_token bigint, p_state_version bigint,
+                                    p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    c runledger.run_calls;
+BEGIN
+    c := runledger._lock_call(p_run_id, p_key);
+    IF c.status NOT IN ('planned', 'dispatched') THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s and cannot be dispatched', p_key, c.status),
+            format('attempts %s, last token %s', c.attempts,
+                   coalesce(c.completed_token, c.dispatched_token)),
+            CASE c.status WHEN 'unknown'
+                 THEN 'an operator must resolve it (runledger resolve)'
+                 ELSE 'the call already has a final result: reuse it' END);
+    END IF;
+    IF c.approval = 'pending' THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s awaits approval and cannot be dispatched', p_key),
+            format('tool %s, recorded in turn %s', c.tool, c.turn),
+            format('a person approves it (runledger approve %s) or denies it '
+                   '(runledger deny %s --reason ...); pause the run until then',
+                   p_key, p_key));
+    END IF;
+    UPDATE runledger.run_calls
+    SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
+        dispatched_by = p_owner, dispatched_at = p_now
+    WHERE idempotency_key = p_key AND status IN ('planned', 'dispatched')
+      AND approval IS DISTINCT FROM 'pending';
+    PERFORM runledger._event(p_run_id, 'call_dispatched', p_owner, p_fencing_token,
+        p_state_version, jsonb_build_object('idempotency_key', p_key, 'tool', c.tool,
+                                            'attempt', c.attempts + 1,
+                                            'previous_status', c.status), p_now);
+    RETURN c.attempts + 1;
+END
+$$;
+
+-- record_turn_v4's calls to dispatch (call ids of turn p_turn, checked by it), in order;
+-- their attempt numbers. NULL or empty: none, and an empty array back.
+CREATE FUNCTION runledger._dispatch_each(p_run runledger.runs, p_turn integer,
+                                         p_call_ids text[], p_now timestamptz,
+                                         p_state_version bigint) RETURNS integer[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_id text;
+    v_attempts integer[] := '{}';
+BEGIN
+    FOREACH v_id IN ARRAY coalesce(p_call_ids, '{}') LOOP
+        v_attempts := v_attempts || runledger._dispatch(
+            p_run.run_id, p_run.run_id || ':' || p_turn || ':' || v_id, p_run.lease_owner,
+            p_run.fencing_token, p_state_version, p_now);
+    END LOOP;
+    RETURN v_attempts;
+END
+$$;

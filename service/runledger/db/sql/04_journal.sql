@@ -262,20 +262,24 @@ BEGIN
 END
 $$;
 
--- record_turn_v3 (revision 0008): record_turn_v2 with the checkpoint of the turns before it
--- and, for the final decision, the end of the run, in one transaction. p_state (an object,
--- or NULL: no checkpoint) is written with a compare-and-set on p_expected_version, as
--- checkpoint does; p_finish (only with no calls) makes the run succeed with the output as
--- its result. The calls are checked and inserted set-based, with the checks, the order and
--- the messages of record_turn_v2's loop. Returns the run's state_version after it.
-CREATE FUNCTION runledger.record_turn_v3(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+-- record_turn_v4 (revision 0009): record_turn_v3, and with p_dispatch (call ids of this
+-- decision, or NULL/empty) the dispatch of those calls in the same transaction, as
+-- dispatch_call would do right after it: the decision is committed before any of its tools
+-- runs, and each of these calls' dispatch before it is sent, in one commit instead of two.
+-- The worker passes the calls it sends first (one call, or the calls of one parallel
+-- group); a call recorded with "approval": true cannot be among them (RL004, as
+-- dispatch_call). The same decision again (a no-op) still dispatches them. Returns the
+-- run's state_version after it and the attempt number of each dispatched call, in
+-- p_dispatch's order (one row). record_turn_v3 is this function without p_dispatch.
+CREATE FUNCTION runledger.record_turn_v4(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
                                          p_turn int, p_calls jsonb, p_record jsonb,
                                          p_output jsonb, p_expected_version bigint,
-                                         p_state jsonb, p_finish boolean)
-RETURNS bigint
+                                         p_state jsonb, p_finish boolean, p_dispatch text[])
+RETURNS TABLE (state_version bigint, attempts integer[])
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     r runledger.runs;
     v_now timestamptz;
@@ -286,6 +290,7 @@ DECLARE
     v_run_calls integer;
     v_bad record;
     v_version bigint;
+    v_id text;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
     v_now := runledger.now();  -- after the lock, as the lease check
@@ -313,13 +318,36 @@ BEGIN
         PERFORM runledger._raise('RL006', 'only the final decision finishes the run: it needs empty calls',
             format('turn %s has %s call(s)', p_turn, v_count), NULL);
     END IF;
+    -- the calls to dispatch: distinct call ids of this decision (checked as calls are below;
+    -- an id that is not one of them matches none)
+    IF p_dispatch IS NOT NULL AND cardinality(p_dispatch) > 0 THEN
+        IF array_position(p_dispatch, NULL) IS NOT NULL
+           OR cardinality(p_dispatch) > (SELECT count(DISTINCT u) FROM unnest(p_dispatch) u) THEN
+            PERFORM runledger._raise('RL006', 'dispatch must list distinct call ids, none null',
+                format('got %s', left(array_to_string(p_dispatch, ', ', 'NULL'), 300)), NULL);
+        END IF;
+        SELECT u INTO v_id FROM unnest(p_dispatch) u
+        WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_calls) e
+                          WHERE jsonb_typeof(e) = 'object' AND e ->> 'call_id' = u)
+        LIMIT 1;
+        IF FOUND THEN
+            PERFORM runledger._raise('RL006',
+                format('call %s to dispatch is not a call of turn %s', left(v_id, 100), p_turn),
+                'dispatch names call ids of the decision it comes with', NULL);
+        END IF;
+    END IF;
 
     SELECT t.* INTO v_existing FROM runledger.run_turns t
     WHERE t.run_id = p_run_id AND t.turn = p_turn;
     IF FOUND THEN
         IF v_existing.calls = p_calls AND v_existing.record IS NOT DISTINCT FROM p_record
            AND v_existing.output IS NOT DISTINCT FROM p_output THEN
-            RETURN r.state_version;  -- the same decision again: no-op, nothing else is written
+            -- the same decision again: nothing of it is written again; its calls to
+            -- dispatch are, as dispatch_call would
+            state_version := r.state_version;
+            attempts := runledger._dispatch_each(r, p_turn, p_dispatch, v_now, r.state_version);
+            RETURN NEXT;
+            RETURN;
         END IF;
         PERFORM runledger._raise('RL004',
             format('turn %s of run %s is already recorded with another decision', p_turn, p_run_id),
@@ -452,8 +480,32 @@ BEGIN
         PERFORM runledger._event(p_run_id, 'run_succeeded', r.lease_owner, p_fencing_token,
                                  v_version, '{}'::jsonb, v_now);
     END IF;
-    RETURN v_version;
+    state_version := v_version;
+    attempts := runledger._dispatch_each(r, p_turn, p_dispatch, v_now, v_version);
+    RETURN NEXT;
 END
+$$;
+
+
+-- record_turn_v3 (revision 0008): record_turn_v2 with the checkpoint of the turns before it
+-- and, for the final decision, the end of the run, in one transaction. p_state (an object,
+-- or NULL: no checkpoint) is written with a compare-and-set on p_expected_version, as
+-- checkpoint does; p_finish (only with no calls) makes the run succeed with the output as
+-- its result. The calls are checked and inserted set-based, with the checks, the order and
+-- the messages of record_turn_v2's loop. Returns the run's state_version after it. Since
+-- revision 0009 it is record_turn_v4 without calls to dispatch.
+CREATE FUNCTION runledger.record_turn_v3(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                         p_turn int, p_calls jsonb, p_record jsonb,
+                                         p_output jsonb, p_expected_version bigint,
+                                         p_state jsonb, p_finish boolean)
+RETURNS bigint
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    SELECT d.state_version
+    FROM runledger.record_turn_v4(p_run_id, p_lease_id, p_fencing_token, p_turn, p_calls,
+                                  p_record, p_output, p_expected_version, p_state, p_finish,
+                                  NULL) AS d;
 $$;
 
 CREATE FUNCTION runledger.dispatch_call(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
@@ -464,39 +516,11 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
     r runledger.runs;
-    c runledger.run_calls;
-    v_now timestamptz;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    v_now := runledger.now();  -- after the lock, as the lease check
-    c := runledger._lock_call(p_run_id, p_idempotency_key);
-    IF c.status NOT IN ('planned', 'dispatched') THEN
-        PERFORM runledger._raise('RL004',
-            format('call %s is %s and cannot be dispatched', p_idempotency_key, c.status),
-            format('attempts %s, last token %s', c.attempts,
-                   coalesce(c.completed_token, c.dispatched_token)),
-            CASE c.status WHEN 'unknown'
-                 THEN 'an operator must resolve it (runledger resolve)'
-                 ELSE 'the call already has a final result: reuse it' END);
-    END IF;
-    IF c.approval = 'pending' THEN
-        PERFORM runledger._raise('RL004',
-            format('call %s awaits approval and cannot be dispatched', p_idempotency_key),
-            format('tool %s, recorded in turn %s', c.tool, c.turn),
-            format('a person approves it (runledger approve %s) or denies it '
-                   '(runledger deny %s --reason ...); pause the run until then',
-                   p_idempotency_key, p_idempotency_key));
-    END IF;
-    UPDATE runledger.run_calls
-    SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
-        dispatched_by = r.lease_owner, dispatched_at = v_now
-    WHERE idempotency_key = p_idempotency_key AND status IN ('planned', 'dispatched')
-      AND approval IS DISTINCT FROM 'pending';
-    PERFORM runledger._event(p_run_id, 'call_dispatched', r.lease_owner, p_fencing_token,
-        r.state_version, jsonb_build_object('idempotency_key', p_idempotency_key,
-                                            'tool', c.tool, 'attempt', c.attempts + 1,
-                                            'previous_status', c.status));
-    RETURN c.attempts + 1;
+    -- the clock after the lock, as the lease check
+    RETURN runledger._dispatch(p_run_id, p_idempotency_key, r.lease_owner, p_fencing_token,
+                               r.state_version, runledger.now());
 END
 $$;
 
@@ -536,8 +560,13 @@ BEGIN
         completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
         completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
     WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
-    UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
-    WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    -- progress: a run claimed again counts claims without it (crash_loop). The row is
+    -- written only when there is a count to reset (revision 0009): after the first write
+    -- of a lease there never is, and a call's own row carries its times.
+    IF r.stalled_claims <> 0 THEN
+        UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
+        WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    END IF;
     v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', c.tool,
                                    'attempt', c.attempts);
     CASE p_outcome
@@ -573,7 +602,6 @@ AS $$
 DECLARE
     r runledger.runs;
     c runledger.run_calls;
-    n runledger.run_calls;
     v_now timestamptz;
     v_detail jsonb;
 BEGIN
@@ -600,24 +628,6 @@ BEGIN
             PERFORM runledger._raise('RL006',
                 format('call %s cannot be its own next call', p_idempotency_key), NULL, NULL);
         END IF;
-        n := runledger._lock_call(p_run_id, p_next_key);
-        IF n.status NOT IN ('planned', 'dispatched') THEN
-            PERFORM runledger._raise('RL004',
-                format('call %s is %s and cannot be dispatched', p_next_key, n.status),
-                format('attempts %s, last token %s', n.attempts,
-                       coalesce(n.completed_token, n.dispatched_token)),
-                CASE n.status WHEN 'unknown'
-                     THEN 'an operator must resolve it (runledger resolve)'
-                     ELSE 'the call already has a final result: reuse it' END);
-        END IF;
-        IF n.approval = 'pending' THEN
-            PERFORM runledger._raise('RL004',
-                format('call %s awaits approval and cannot be dispatched', p_next_key),
-                format('tool %s, recorded in turn %s', n.tool, n.turn),
-                format('a person approves it (runledger approve %s) or denies it '
-                       '(runledger deny %s --reason ...); pause the run until then',
-                       p_next_key, p_next_key));
-        END IF;
     END IF;
 
     UPDATE runledger.run_calls
@@ -629,8 +639,13 @@ BEGIN
         completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
         completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
     WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
-    UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
-    WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    -- progress: a run claimed again counts claims without it (crash_loop). The row is
+    -- written only when there is a count to reset (revision 0009): after the first write
+    -- of a lease there never is, and a call's own row carries its times.
+    IF r.stalled_claims <> 0 THEN
+        UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
+        WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    END IF;
     v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', c.tool,
                                    'attempt', c.attempts);
     CASE p_outcome
@@ -650,16 +665,9 @@ BEGIN
     IF p_next_key IS NULL THEN
         RETURN NULL;
     END IF;
-    UPDATE runledger.run_calls
-    SET status = 'dispatched', attempts = n.attempts + 1, dispatched_token = p_fencing_token,
-        dispatched_by = r.lease_owner, dispatched_at = v_now
-    WHERE idempotency_key = p_next_key AND status IN ('planned', 'dispatched')
-      AND approval IS DISTINCT FROM 'pending';
-    PERFORM runledger._event(p_run_id, 'call_dispatched', r.lease_owner, p_fencing_token,
-        r.state_version, jsonb_build_object('idempotency_key', p_next_key,
-                                            'tool', n.tool, 'attempt', n.attempts + 1,
-                                            'previous_status', n.status), v_now);
-    RETURN n.attempts + 1;
+    -- the next call is locked and checked as dispatch_call does, after this one
+    RETURN runledger._dispatch(p_run_id, p_next_key, r.lease_owner, p_fencing_token,
+                               r.state_version, v_now);
 END
 $$;
 

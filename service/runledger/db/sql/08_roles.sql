@@ -46,6 +46,8 @@ BEGIN
             runledger.record_turn_v2(text, uuid, bigint, int, jsonb, jsonb, jsonb),
             runledger.record_turn_v3(text, uuid, bigint, int, jsonb, jsonb, jsonb, bigint, jsonb,
                                      boolean),
+            runledger.record_turn_v4(text, uuid, bigint, int, jsonb, jsonb, jsonb, bigint, jsonb,
+                                     boolean, text[]),
             runledger.dispatch_call(text, uuid, bigint, text),
             runledger.complete_call(text, uuid, bigint, text, text, jsonb, jsonb),
             runledger.complete_call_v2(text, uuid, bigint, text, text, jsonb, jsonb, text),

@@ -1,0 +1,503 @@
+-- runledger 0009: the hot path, second part (issue "The hot path").
+-- * record_turn_v4: record_turn_v3 and the dispatch of the decision's first calls (one
+--   call, or one parallel group) in one commit; record_turn_v3 becomes record_turn_v4
+--   without calls to dispatch. Granted to runledger_worker.
+-- * _dispatch: the one writer of a call's dispatch (dispatch_call, complete_call_v2's next
+--   call, record_turn_v4), and _dispatch_each; helpers, granted to no one.
+-- * complete_call and complete_call_v2 write the run row only when there is a stalled-claim
+--   count to reset (after the first write of a lease there is none): runs.updated_at no
+--   longer moves with each call's completion.
+-- * run_calls loses ix_run_calls_open (its predicate on status made every status change a
+--   non-HOT update with three new index entries); runs and run_calls get fillfactor 80.
+-- Frozen once merged: change things in a new revision (and in the living files).
+
+DROP INDEX runledger.ix_run_calls_open;
+ALTER TABLE runledger.runs SET (fillfactor = 80);
+ALTER TABLE runledger.run_calls SET (fillfactor = 80);
+
+-- The dispatch of one call of a locked, leased run (revision 0009), the one place it is
+-- written: dispatch_call, complete_call_v2 (the next call) and record_turn_v4 (the first
+-- calls of a decision) call it after their lease check, with the clock they read after the
+-- lock. It locks the call, refuses one that cannot be sent (final, unknown, awaiting
+-- approval), marks it dispatched under the token and writes its call_dispatched event.
+-- Returns the attempt number.
+CREATE FUNCTION runledger._dispatch(p_run_id text, p_key text, p_owner text,
+                                    p_fencing_token bigint, p_state_version bigint,
+                                    p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    c runledger.run_calls;
+BEGIN
+    c := runledger._lock_call(p_run_id, p_key);
+    IF c.status NOT IN ('planned', 'dispatched') THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s and cannot be dispatched', p_key, c.status),
+            format('attempts %s, last token %s', c.attempts,
+                   coalesce(c.completed_token, c.dispatched_token)),
+            CASE c.status WHEN 'unknown'
+                 THEN 'an operator must resolve it (runledger resolve)'
+                 ELSE 'the call already has a final result: reuse it' END);
+    END IF;
+    IF c.approval = 'pending' THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s awaits approval and cannot be dispatched', p_key),
+            format('tool %s, recorded in turn %s', c.tool, c.turn),
+            format('a person approves it (runledger approve %s) or denies it '
+                   '(runledger deny %s --reason ...); pause the run until then',
+                   p_key, p_key));
+    END IF;
+    UPDATE runledger.run_calls
+    SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
+        dispatched_by = p_owner, dispatched_at = p_now
+    WHERE idempotency_key = p_key AND status IN ('planned', 'dispatched')
+      AND approval IS DISTINCT FROM 'pending';
+    PERFORM runledger._event(p_run_id, 'call_dispatched', p_owner, p_fencing_token,
+        p_state_version, jsonb_build_object('idempotency_key', p_key, 'tool', c.tool,
+                                            'attempt', c.attempts + 1,
+                                            'previous_status', c.status), p_now);
+    RETURN c.attempts + 1;
+END
+$$;
+
+-- record_turn_v4's calls to dispatch (call ids of turn p_turn, checked by it), in order;
+-- their attempt numbers. NULL or empty: none, and an empty array back.
+CREATE FUNCTION runledger._dispatch_each(p_run runledger.runs, p_turn integer,
+                                         p_call_ids text[], p_now timestamptz,
+                                         p_state_version bigint) RETURNS integer[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_id text;
+    v_attempts integer[] := '{}';
+BEGIN
+    FOREACH v_id IN ARRAY coalesce(p_call_ids, '{}') LOOP
+        v_attempts := v_attempts || runledger._dispatch(
+            p_run.run_id, p_run.run_id || ':' || p_turn || ':' || v_id, p_run.lease_owner,
+            p_run.fencing_token, p_state_version, p_now);
+    END LOOP;
+    RETURN v_attempts;
+END
+$$;
+
+-- record_turn_v4 (revision 0009): record_turn_v3, and with p_dispatch (call ids of this
+-- decision, or NULL/empty) the dispatch of those calls in the same transaction, as
+-- dispatch_call would do right after it: the decision is committed before any of its tools
+-- runs, and each of these calls' dispatch before it is sent, in one commit instead of two.
+-- The worker passes the calls it sends first (one call, or the calls of one parallel
+-- group); a call recorded with "approval": true cannot be among them (RL004, as
+-- dispatch_call). The same decision again (a no-op) still dispatches them. Returns the
+-- run's state_version after it and the attempt number of each dispatched call, in
+-- p_dispatch's order (one row). record_turn_v3 is this function without p_dispatch.
+CREATE FUNCTION runledger.record_turn_v4(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                         p_turn int, p_calls jsonb, p_record jsonb,
+                                         p_output jsonb, p_expected_version bigint,
+                                         p_state jsonb, p_finish boolean, p_dispatch text[])
+RETURNS TABLE (state_version bigint, attempts integer[])
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    r runledger.runs;
+    v_now timestamptz;
+    v_existing runledger.run_turns;
+    v_count integer;
+    v_next integer;
+    v_open integer;
+    v_run_calls integer;
+    v_bad record;
+    v_version bigint;
+    v_id text;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    v_now := runledger.now();  -- after the lock, as the lease check
+    PERFORM runledger._check_json_value('calls', p_calls, 2);
+    IF jsonb_typeof(p_calls) <> 'array' THEN
+        PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
+    END IF;
+    IF p_turn IS NULL OR p_turn < 0 THEN
+        PERFORM runledger._raise('RL006', 'turn must be a non-negative integer', NULL, NULL);
+    END IF;
+    PERFORM runledger._check_json_object_or_null('record', p_record);
+    PERFORM runledger._check_json_value_or_null('output', p_output);
+    v_count := jsonb_array_length(p_calls);
+    IF p_output IS NOT NULL AND v_count > 0 THEN
+        PERFORM runledger._raise('RL006', 'output is the final decision''s: it needs empty calls',
+            format('turn %s has %s call(s)', p_turn, v_count),
+            'send the output with the decision that ends the run');
+    END IF;
+    PERFORM runledger._check_json_object_or_null('state', p_state);
+    IF p_finish IS NULL THEN
+        PERFORM runledger._raise('RL006', 'finish must not be null', NULL,
+            'true ends the run with the final decision, false records the turn only');
+    END IF;
+    IF p_finish AND v_count > 0 THEN
+        PERFORM runledger._raise('RL006', 'only the final decision finishes the run: it needs empty calls',
+            format('turn %s has %s call(s)', p_turn, v_count), NULL);
+    END IF;
+    -- the calls to dispatch: distinct call ids of this decision (checked as calls are below;
+    -- an id that is not one of them matches none)
+    IF p_dispatch IS NOT NULL AND cardinality(p_dispatch) > 0 THEN
+        IF array_position(p_dispatch, NULL) IS NOT NULL
+           OR cardinality(p_dispatch) > (SELECT count(DISTINCT u) FROM unnest(p_dispatch) u) THEN
+            PERFORM runledger._raise('RL006', 'dispatch must list distinct call ids, none null',
+                format('got %s', left(array_to_string(p_dispatch, ', ', 'NULL'), 300)), NULL);
+        END IF;
+        SELECT u INTO v_id FROM unnest(p_dispatch) u
+        WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_calls) e
+                          WHERE jsonb_typeof(e) = 'object' AND e ->> 'call_id' = u)
+        LIMIT 1;
+        IF FOUND THEN
+            PERFORM runledger._raise('RL006',
+                format('call %s to dispatch is not a call of turn %s', left(v_id, 100), p_turn),
+                'dispatch names call ids of the decision it comes with', NULL);
+        END IF;
+    END IF;
+
+    SELECT t.* INTO v_existing FROM runledger.run_turns t
+    WHERE t.run_id = p_run_id AND t.turn = p_turn;
+    IF FOUND THEN
+        IF v_existing.calls = p_calls AND v_existing.record IS NOT DISTINCT FROM p_record
+           AND v_existing.output IS NOT DISTINCT FROM p_output THEN
+            -- the same decision again: nothing of it is written again; its calls to
+            -- dispatch are, as dispatch_call would
+            state_version := r.state_version;
+            attempts := runledger._dispatch_each(r, p_turn, p_dispatch, v_now, r.state_version);
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        PERFORM runledger._raise('RL004',
+            format('turn %s of run %s is already recorded with another decision', p_turn, p_run_id),
+            CASE WHEN v_existing.calls = p_calls THEN 'the calls are the same; the record or the output differ'
+                 ELSE 'the calls differ' END,
+            'a recorded decision is never replaced: replay it');
+    END IF;
+    IF p_state IS NOT NULL AND p_expected_version IS DISTINCT FROM r.state_version THEN
+        PERFORM runledger._raise('RL002',
+            format('state version conflict on run %s', p_run_id),
+            format('expected state_version %s, the run is at %s (token %s)',
+                   coalesce(p_expected_version::text, 'NULL'), r.state_version, p_fencing_token),
+            'reload the run state and decide again');
+    END IF;
+
+    SELECT coalesce(max(t.turn) + 1, 0) INTO v_next FROM runledger.run_turns t
+    WHERE t.run_id = p_run_id;
+    IF p_turn <> v_next THEN
+        PERFORM runledger._raise('RL004',
+            format('turn %s of run %s is out of order', p_turn, p_run_id),
+            format('the next turn to record is %s', v_next), NULL);
+    END IF;
+    SELECT count(*) FILTER (WHERE c.status NOT IN ('succeeded', 'failed')), count(*)
+    INTO v_open, v_run_calls
+    FROM runledger.run_calls c WHERE c.run_id = p_run_id;
+    IF v_open > 0 THEN
+        PERFORM runledger._raise('RL004',
+            format('run %s has %s call(s) without a final result', p_run_id, v_open),
+            NULL, 'complete every call of the previous turn before recording the next');
+    END IF;
+
+    -- One pass over the calls: the first one (in order) with a problem, and its first
+    -- problem in record_turn_v2's order. A repeated call id is one whose earlier twin came
+    -- first; every call before the first bad one is good, as in the loop.
+    SELECT x.c, x.problem INTO v_bad FROM (
+        SELECT e.c, e.pos, CASE
+            WHEN jsonb_typeof(e.c) <> 'object' THEN 'object'
+            WHEN jsonb_typeof(e.c -> 'call_id') IS DISTINCT FROM 'string'
+                 OR (e.c ->> 'call_id') !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' THEN 'call_id'
+            WHEN e.seen > 1 THEN 'twice'
+            WHEN jsonb_typeof(e.c -> 'tool') IS DISTINCT FROM 'string'
+                 OR (e.c ->> 'tool') !~ '^[A-Za-z_][A-Za-z0-9._-]{0,127}$' THEN 'tool'
+            WHEN jsonb_typeof(coalesce(e.c -> 'args', '{}'::jsonb)) <> 'object' THEN 'args'
+            WHEN coalesce(jsonb_typeof(e.c -> 'provider_id'), 'null') NOT IN ('null', 'string')
+                 THEN 'provider_type'
+            WHEN jsonb_typeof(e.c -> 'provider_id') = 'string'
+                 AND length(e.c ->> 'provider_id') NOT BETWEEN 1 AND runledger._cap('provider_id')
+                 THEN 'provider_id'
+            WHEN e.c ? 'approval' AND jsonb_typeof(e.c -> 'approval') <> 'boolean' THEN 'approval'
+        END AS problem
+        FROM (SELECT a.c, a.pos,
+                     count(*) OVER (PARTITION BY a.c ->> 'call_id' ORDER BY a.pos) AS seen
+              FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS a(c, pos)) e
+    ) x
+    WHERE x.problem IS NOT NULL
+    ORDER BY x.pos
+    LIMIT 1;
+    IF FOUND THEN
+        CASE v_bad.problem
+            WHEN 'object' THEN
+                PERFORM runledger._raise('RL006', 'each call must be a JSON object', NULL, NULL);
+            WHEN 'call_id' THEN
+                PERFORM runledger._raise('RL006',
+                    format('invalid call id %s', coalesce(left(v_bad.c ->> 'call_id', 100), 'NULL')),
+                    'a call id is 1-64 characters of [A-Za-z0-9._-]', NULL);
+            WHEN 'twice' THEN
+                PERFORM runledger._raise('RL006',
+                    format('call id %s appears twice in turn %s', v_bad.c ->> 'call_id', p_turn),
+                    NULL, NULL);
+            WHEN 'tool' THEN
+                PERFORM runledger._raise('RL006',
+                    format('invalid tool name %s', coalesce(left(v_bad.c ->> 'tool', 100), 'NULL')),
+                    NULL, NULL);
+            WHEN 'args' THEN
+                PERFORM runledger._raise('RL006',
+                    format('args of call %s must be a JSON object', v_bad.c ->> 'call_id'),
+                    NULL, NULL);
+            WHEN 'provider_type' THEN
+                PERFORM runledger._raise('RL006',
+                    format('provider id of call %s must be a string or null', v_bad.c ->> 'call_id'),
+                    NULL, NULL);
+            WHEN 'provider_id' THEN
+                PERFORM runledger._check_text('provider id', v_bad.c ->> 'provider_id', 1,
+                                              runledger._cap('provider_id'));
+            ELSE
+                PERFORM runledger._raise('RL006',
+                    format('approval of call %s must be true or false', v_bad.c ->> 'call_id'),
+                    format('got %s', left((v_bad.c -> 'approval')::text, 100)),
+                    'leave "approval" out for a call that needs none');
+        END CASE;
+    END IF;
+
+    v_version := r.state_version + CASE WHEN p_state IS NULL THEN 0 ELSE 1 END;
+    INSERT INTO runledger.run_turns (run_id, turn, calls, fencing_token, created_at, record, output)
+    VALUES (p_run_id, p_turn, p_calls, p_fencing_token, v_now, p_record, p_output);
+    INSERT INTO runledger.run_calls (run_id, turn, call_id, position, tool, args,
+                                     idempotency_key, status, attempts, provider_id, approval)
+    SELECT p_run_id, p_turn, a.c ->> 'call_id', a.pos - 1, a.c ->> 'tool',
+           coalesce(a.c -> 'args', '{}'::jsonb),
+           p_run_id || ':' || p_turn || ':' || (a.c ->> 'call_id'), 'planned', 0,
+           a.c ->> 'provider_id',
+           CASE WHEN (a.c -> 'approval') = 'true'::jsonb THEN 'pending' END
+    FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS a(c, pos);
+    -- the checkpoint, the progress and, for the final decision, the end: one row version
+    UPDATE runledger.runs
+    SET state = CASE WHEN p_state IS NULL THEN state ELSE p_state END,
+        state_version = v_version,
+        stalled_claims = 0,
+        status = CASE WHEN p_finish THEN 'succeeded' ELSE status END,
+        result = CASE WHEN p_finish
+                      THEN coalesce(p_output, jsonb_build_object('turns', p_turn + 1,
+                                                                 'calls', v_run_calls))
+                      ELSE result END,
+        error = CASE WHEN p_finish THEN NULL ELSE error END,
+        pause_reason = CASE WHEN p_finish THEN NULL ELSE pause_reason END,
+        lease_id = CASE WHEN p_finish THEN NULL ELSE lease_id END,
+        lease_expires_at = CASE WHEN p_finish THEN NULL ELSE lease_expires_at END,
+        lease_owner = CASE WHEN p_finish THEN NULL ELSE lease_owner END,
+        finished_at = CASE WHEN p_finish THEN v_now ELSE finished_at END,
+        updated_at = v_now
+    WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token
+      AND state_version = r.state_version;
+    IF p_state IS NOT NULL THEN
+        PERFORM runledger._event(p_run_id, 'checkpoint', r.lease_owner, p_fencing_token,
+                                 v_version, '{}'::jsonb, v_now);
+    END IF;
+    PERFORM runledger._event(p_run_id, 'turn_recorded', r.lease_owner, p_fencing_token,
+        v_version, jsonb_build_object('turn', p_turn, 'calls', v_count), v_now);
+    IF p_finish THEN
+        PERFORM runledger._event(p_run_id, 'run_succeeded', r.lease_owner, p_fencing_token,
+                                 v_version, '{}'::jsonb, v_now);
+    END IF;
+    state_version := v_version;
+    attempts := runledger._dispatch_each(r, p_turn, p_dispatch, v_now, v_version);
+    RETURN NEXT;
+END
+$$;
+
+
+-- record_turn_v3 (revision 0008): record_turn_v2 with the checkpoint of the turns before it
+-- and, for the final decision, the end of the run, in one transaction. p_state (an object,
+-- or NULL: no checkpoint) is written with a compare-and-set on p_expected_version, as
+-- checkpoint does; p_finish (only with no calls) makes the run succeed with the output as
+-- its result. The calls are checked and inserted set-based, with the checks, the order and
+-- the messages of record_turn_v2's loop. Returns the run's state_version after it. Since
+-- revision 0009 it is record_turn_v4 without calls to dispatch.
+CREATE OR REPLACE FUNCTION runledger.record_turn_v3(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                         p_turn int, p_calls jsonb, p_record jsonb,
+                                         p_output jsonb, p_expected_version bigint,
+                                         p_state jsonb, p_finish boolean)
+RETURNS bigint
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    SELECT d.state_version
+    FROM runledger.record_turn_v4(p_run_id, p_lease_id, p_fencing_token, p_turn, p_calls,
+                                  p_record, p_output, p_expected_version, p_state, p_finish,
+                                  NULL) AS d;
+$$;
+
+CREATE OR REPLACE FUNCTION runledger.dispatch_call(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                        p_idempotency_key text)
+RETURNS int
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    -- the clock after the lock, as the lease check
+    RETURN runledger._dispatch(p_run_id, p_idempotency_key, r.lease_owner, p_fencing_token,
+                               r.state_version, runledger.now());
+END
+$$;
+
+CREATE OR REPLACE FUNCTION runledger.complete_call(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                        p_idempotency_key text, p_outcome text,
+                                        p_result jsonb, p_receipt jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz;
+    v_detail jsonb;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    v_now := runledger.now();  -- after the lock, as the lease check
+    -- not_applied: the effect certainly did not happen and the call will be sent again
+    -- with the same key; it goes back to planned, so no one mistakes it for in flight.
+    PERFORM runledger._check_word('outcome', p_outcome,
+                                  ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
+    PERFORM runledger._check_json_value_or_null('result', p_result);
+    PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.status <> 'dispatched' THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s, not dispatched', p_idempotency_key, c.status),
+            NULL, 'dispatch_call must be committed before the tool runs');
+    END IF;
+    UPDATE runledger.run_calls
+    SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
+        result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
+        receipt = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_receipt END,
+        error = CASE WHEN p_outcome = 'succeeded' THEN NULL ELSE p_result END,
+        completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
+        completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
+        completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
+    WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
+    -- progress: a run claimed again counts claims without it (crash_loop). The row is
+    -- written only when there is a count to reset (revision 0009): after the first write
+    -- of a lease there never is, and a call's own row carries its times.
+    IF r.stalled_claims <> 0 THEN
+        UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
+        WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    END IF;
+    v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', c.tool,
+                                   'attempt', c.attempts);
+    CASE p_outcome
+        WHEN 'succeeded' THEN
+            PERFORM runledger._event(p_run_id, 'call_succeeded', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'failed' THEN
+            PERFORM runledger._event(p_run_id, 'call_failed', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'unknown' THEN
+            PERFORM runledger._event(p_run_id, 'call_unknown', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail);
+        WHEN 'not_applied' THEN
+            PERFORM runledger._event(p_run_id, 'call_not_applied', r.lease_owner,
+                                     p_fencing_token, r.state_version, v_detail);
+    END CASE;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION runledger.complete_call_v2(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                           p_idempotency_key text, p_outcome text,
+                                           p_result jsonb, p_receipt jsonb,
+                                           p_next_key text DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz;
+    v_detail jsonb;
+BEGIN
+    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    v_now := runledger.now();  -- after the lock, as the lease check
+    PERFORM runledger._check_word('outcome', p_outcome,
+                                  ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
+    PERFORM runledger._check_json_value_or_null('result', p_result);
+    PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.status <> 'dispatched' THEN
+        PERFORM runledger._raise('RL004',
+            format('call %s is %s, not dispatched', p_idempotency_key, c.status),
+            NULL, 'dispatch_call must be committed before the tool runs');
+    END IF;
+    IF p_next_key IS NOT NULL THEN
+        IF p_outcome NOT IN ('succeeded', 'failed') THEN
+            PERFORM runledger._raise('RL006',
+                format('the next call is dispatched only after a final outcome, not %s', p_outcome),
+                format('call %s, next call %s', p_idempotency_key, left(p_next_key, 300)),
+                'complete the call alone; the run pauses or sends it again');
+        END IF;
+        IF p_next_key = p_idempotency_key THEN
+            PERFORM runledger._raise('RL006',
+                format('call %s cannot be its own next call', p_idempotency_key), NULL, NULL);
+        END IF;
+    END IF;
+
+    UPDATE runledger.run_calls
+    SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
+        result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
+        receipt = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_receipt END,
+        error = CASE WHEN p_outcome = 'succeeded' THEN NULL ELSE p_result END,
+        completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
+        completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
+        completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
+    WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
+    -- progress: a run claimed again counts claims without it (crash_loop). The row is
+    -- written only when there is a count to reset (revision 0009): after the first write
+    -- of a lease there never is, and a call's own row carries its times.
+    IF r.stalled_claims <> 0 THEN
+        UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
+        WHERE run_id = p_run_id AND lease_id = p_lease_id;
+    END IF;
+    v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', c.tool,
+                                   'attempt', c.attempts);
+    CASE p_outcome
+        WHEN 'succeeded' THEN
+            PERFORM runledger._event(p_run_id, 'call_succeeded', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail, v_now);
+        WHEN 'failed' THEN
+            PERFORM runledger._event(p_run_id, 'call_failed', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail, v_now);
+        WHEN 'unknown' THEN
+            PERFORM runledger._event(p_run_id, 'call_unknown', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail, v_now);
+        WHEN 'not_applied' THEN
+            PERFORM runledger._event(p_run_id, 'call_not_applied', r.lease_owner,
+                                     p_fencing_token, r.state_version, v_detail, v_now);
+    END CASE;
+    IF p_next_key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- the next call is locked and checked as dispatch_call does, after this one
+    RETURN runledger._dispatch(p_run_id, p_next_key, r.lease_owner, p_fencing_token,
+                               r.state_version, v_now);
+END
+$$;
+
+REVOKE ALL ON FUNCTION runledger._dispatch(text, text, text, bigint, bigint, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runledger._dispatch_each(runledger.runs, integer, text[], timestamptz,
+                                                bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runledger.record_turn_v4(text, uuid, bigint, int, jsonb, jsonb, jsonb,
+                                                bigint, jsonb, boolean, text[]) FROM PUBLIC;
+DO $roles$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
+        GRANT EXECUTE ON FUNCTION
+            runledger.record_turn_v4(text, uuid, bigint, int, jsonb, jsonb, jsonb, bigint, jsonb,
+                                     boolean, text[])
+        TO runledger_worker;
+    ELSE
+        RAISE WARNING 'runledger: role runledger_worker does not exist; grant EXECUTE on runledger.record_turn_v4 by hand';
+    END IF;
+END
+$roles$;
