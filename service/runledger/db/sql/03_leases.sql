@@ -52,6 +52,98 @@ BEGIN
 END
 $$;
 
+-- Revision 0011 (failover). The current timeline, recorded: when the server is on another
+-- timeline than the last one runledger.timelines names (a promoted standby, or a restore),
+-- the first claim to see it records the new timeline and, for every run that was not
+-- finished, what may have been lost with the commits of the old one (docs/failover.md):
+--   * a lease held then ends now (its holder may hold state that no longer exists here;
+--     its writes are refused anyway: its token is under the new timeline's floor);
+--   * a planned call (not awaiting approval) may have been dispatched and sent on the lost
+--     timeline: it is marked dispatched, so that whoever claims the run next recovers it
+--     by its safety class (lookup, same key, or unknown) instead of sending it as new;
+--   * the run is listed in runledger.failover_runs with the turn from which its calls are
+--     suspect, and gets a failover_detected event.
+-- Claims on the old timeline's leases wait for this transaction (the run rows are locked).
+-- An empty table (never seen) records the current timeline and nothing else.
+CREATE FUNCTION runledger._note_timeline(p_actor text, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_timeline integer := runledger._timeline();
+    v_last runledger.timelines;
+    v_position integer;
+    v_affected integer;
+    v_run record;
+BEGIN
+    -- one detector at a time; the others find the row it wrote
+    LOCK TABLE runledger.timelines IN SHARE ROW EXCLUSIVE MODE;
+    SELECT * INTO v_last FROM runledger.timelines t ORDER BY t.position DESC LIMIT 1;
+    IF FOUND AND v_last.timeline = v_timeline THEN
+        RETURN;
+    END IF;
+    v_position := coalesce(v_last.position, 0) + 1;
+    INSERT INTO runledger.timelines (position, timeline, previous_timeline, seen_at, seen_by,
+                                     last_replay_at, last_event_id, max_token)
+    VALUES (v_position, v_timeline, v_last.timeline, p_now, p_actor,
+            pg_last_xact_replay_timestamp(),
+            (SELECT max(e.event_id) FROM runledger.run_events e),
+            (SELECT max(r.fencing_token) FROM runledger.runs r));
+    IF v_last.position IS NULL THEN
+        RETURN;  -- the first timeline seen: nothing to compare with
+    END IF;
+
+    WITH affected AS (
+        SELECT r.run_id, r.status, r.lease_owner, r.fencing_token,
+               coalesce((SELECT max(t.turn) FROM runledger.run_turns t
+                         WHERE t.run_id = r.run_id), 0) AS turn
+        FROM runledger.runs r
+        WHERE r.status IN ('queued', 'running', 'paused')
+        ORDER BY r.run_id
+        FOR NO KEY UPDATE OF r
+    ), marked AS (
+        UPDATE runledger.run_calls c
+        SET status = 'dispatched', dispatched_by = 'failover', dispatched_at = p_now
+        FROM affected a
+        WHERE c.run_id = a.run_id AND c.status = 'planned'
+          AND c.approval IS DISTINCT FROM 'pending'
+        RETURNING c.run_id, c.idempotency_key
+    ), ended AS (
+        UPDATE runledger.runs r
+        SET lease_expires_at = p_now, updated_at = p_now
+        FROM affected a
+        WHERE r.run_id = a.run_id AND r.status = 'running' AND r.lease_expires_at > p_now
+        RETURNING r.run_id
+    )
+    INSERT INTO runledger.failover_runs (run_id, position, status, lease_owner, fencing_token,
+                                         turn, marked_calls)
+    SELECT a.run_id, v_position, a.status, a.lease_owner, a.fencing_token, a.turn,
+           ARRAY(SELECT m.idempotency_key FROM marked m WHERE m.run_id = a.run_id
+                 ORDER BY m.idempotency_key)
+    FROM affected a
+    -- the lease UPDATE runs with the statement even where nothing reads it
+    LEFT JOIN (SELECT count(*) AS n FROM ended) e ON true;
+    GET DIAGNOSTICS v_affected = ROW_COUNT;
+    UPDATE runledger.timelines SET affected_runs = v_affected WHERE position = v_position;
+
+    FOR v_run IN
+        SELECT f.run_id, f.status, f.lease_owner, f.fencing_token, f.turn, f.marked_calls,
+               r.state_version
+        FROM runledger.failover_runs f JOIN runledger.runs r ON r.run_id = f.run_id
+        WHERE f.position = v_position
+    LOOP
+        PERFORM runledger._event(v_run.run_id, 'failover_detected', p_actor, NULL,
+            v_run.state_version,
+            jsonb_build_object('timeline', v_timeline, 'previous_timeline', v_last.timeline,
+                               'status', v_run.status, 'lease_owner', v_run.lease_owner,
+                               'fencing_token', v_run.fencing_token,
+                               'suspect_from_turn', v_run.turn,
+                               'marked_dispatched', to_jsonb(v_run.marked_calls),
+                               'last_replay_at', pg_last_xact_replay_timestamp()),
+            p_now);
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION runledger.claim_runs(p_worker_id text, p_flows text[], p_lease interval,
                                      p_max_runs int)
 RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
@@ -65,6 +157,8 @@ DECLARE
     v_now timestamptz := runledger.now();
     v_flows record;
     v_claim record;
+    v_timeline integer;
+    v_floor bigint;
 BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
     PERFORM runledger._check_lease(p_lease);
@@ -72,6 +166,13 @@ BEGIN
         PERFORM runledger._raise('RL006', 'max runs must be 0-10000', NULL, NULL);
     END IF;
     v_flows := runledger._parse_flows(p_flows);
+    -- failover (revision 0011): the token floor of this timeline, once it is recorded
+    v_timeline := runledger._timeline();
+    v_floor := (v_timeline - 1)::bigint << 32;  -- runledger._token_floor()
+    IF (SELECT t.timeline FROM runledger.timelines t ORDER BY t.position DESC LIMIT 1)
+       IS DISTINCT FROM v_timeline THEN
+        PERFORM runledger._note_timeline(p_worker_id, v_now);
+    END IF;
 
     -- Two index-ordered scans pick a few more ids than wanted (queued runs per pinned
     -- flow through ix_runs_claimable; expired leases through ix_runs_lease_expiry), so
@@ -110,7 +211,7 @@ BEGIN
     ), claimed AS (
         UPDATE runledger.runs r
         SET status = 'running',
-            fencing_token = r.fencing_token + 1,
+            fencing_token = greatest(r.fencing_token + 1, v_floor + 1),  -- revision 0011
             lease_id = gen_random_uuid(),
             lease_owner = p_worker_id,
             lease_expires_at = v_now + p_lease,
@@ -205,6 +306,45 @@ BEGIN
         lease_id := v_claim.lease_id;
         lease_expires_at := v_claim.lease_expires_at;
         takeover := v_claim.takeover;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- claim_runs_v3 (revision 0011): claim_runs_v2, and with each run failover_turn: the
+-- earliest turn from which a failover (runledger.failover_runs) makes its never-dispatched
+-- calls suspect of having been sent on a lost timeline, NULL for a run no failover
+-- affected. claim_runs_v2 stays for workers of the previous release.
+CREATE FUNCTION runledger.claim_runs_v3(p_worker_id text, p_flows text[], p_lease interval,
+                                        p_max_runs int)
+RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
+               state_version bigint, fencing_token bigint, lease_id uuid,
+               lease_expires_at timestamptz, takeover boolean, stalled_claims integer,
+               turns json, calls json, failover_turn integer)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_claim record;
+BEGIN
+    FOR v_claim IN SELECT * FROM runledger.claim_runs_v2(p_worker_id, p_flows, p_lease, p_max_runs)
+    LOOP
+        run_id := v_claim.run_id;
+        flow := v_claim.flow;
+        flow_version := v_claim.flow_version;
+        input := v_claim.input;
+        state := v_claim.state;
+        state_version := v_claim.state_version;
+        fencing_token := v_claim.fencing_token;
+        lease_id := v_claim.lease_id;
+        lease_expires_at := v_claim.lease_expires_at;
+        takeover := v_claim.takeover;
+        stalled_claims := v_claim.stalled_claims;
+        turns := v_claim.turns;
+        calls := v_claim.calls;
+        failover_turn := (SELECT min(f.turn) FROM runledger.failover_runs f
+                          WHERE f.run_id = v_claim.run_id);
         RETURN NEXT;
     END LOOP;
 END
@@ -436,3 +576,6 @@ BEGIN
     WHERE worker_id = p_worker_id;
 END
 $$;
+
+-- Revision 0011: the timeline the schema is installed on (position 1).
+SELECT runledger._note_timeline(NULL, runledger.now());

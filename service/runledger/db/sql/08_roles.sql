@@ -40,6 +40,7 @@ BEGIN
             runledger.submit_run(text, text, text, jsonb, int, timestamptz),
             runledger.claim_runs(text, text[], interval, int),
             runledger.claim_runs_v2(text, text[], interval, int),
+            runledger.claim_runs_v3(text, text[], interval, int),
             runledger.renew_leases(text, text[], uuid[], interval),
             runledger.checkpoint(text, uuid, bigint, bigint, jsonb),
             runledger.record_turn(text, uuid, bigint, int, jsonb),
