@@ -18,7 +18,7 @@
    final decision also ends the run: one commit each. A checkpoint still due when the run
    ends otherwise (fails, pauses, is handed back) is written on its own first.
 
-The journal comes with the claim (``claim_runs_v2``) and is kept in memory for the rest
+The journal comes with the claim (``claim_runs_v3``) and is kept in memory for the rest
 of the lease (:mod:`runledger.worker.journal`): nothing is read back after a write.
 """
 
@@ -157,8 +157,9 @@ class Executor:
         # Before anything of the run is loaded or decoded: a run that keeps crashing the
         # worker while loading must still end as crash_loop. claim_runs_v2 carries the
         # count (and the journal only for a run that made progress since its last claim).
-        assert active.loaded is not None, "every claim comes from claim_runs_v2"
+        assert active.loaded is not None, "every claim comes from claim_runs_v3"
         stalled = active.loaded.stalled_claims
+        active.failover_turn = active.loaded.failover_turn
         if stalled > self.limits.max_stalled_claims:
             await self._give_up(active, stalled)
             return
