@@ -105,8 +105,19 @@ class Pair:
 
     def _start(self, node: Node) -> None:
         options = _OPTIONS.format(port=node.port, data=node.data)
-        self._run(str(BIN / "pg_ctl"), "-D", str(node.data), "-l", str(node.log), "-o", options,
-                  "-w", "-t", "60", "start")
+        self._run(
+            str(BIN / "pg_ctl"),
+            "-D",
+            str(node.data),
+            "-l",
+            str(node.log),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     # -- the failure -----------------------------------------------------------------
 
@@ -129,8 +140,9 @@ class Pair:
         wait_for(lambda: not self.streaming(), timeout=30, what="the walreceiver to stop")
 
     def kill_primary(self) -> None:
-        self._run(str(BIN / "pg_ctl"), "-D", str(self.primary.data), "-m", "immediate", "-w",
-                  "stop")
+        self._run(
+            str(BIN / "pg_ctl"), "-D", str(self.primary.data), "-m", "immediate", "-w", "stop"
+        )
 
     def promote(self) -> None:
         self._run(str(BIN / "pg_ctl"), "-D", str(self.standby.data), "-w", "-t", "60", "promote")
@@ -138,8 +150,16 @@ class Pair:
     def stop(self) -> None:
         for node in (self.primary, self.standby):
             if (node.data / "postmaster.pid").exists():
-                self._run(str(BIN / "pg_ctl"), "-D", str(node.data), "-m", "immediate", "-w",
-                          "stop", check=False)
+                self._run(
+                    str(BIN / "pg_ctl"),
+                    "-D",
+                    str(node.data),
+                    "-m",
+                    "immediate",
+                    "-w",
+                    "stop",
+                    check=False,
+                )
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -159,14 +179,34 @@ def start_pair() -> Pair:
         if user is not None:
             for path in (base, primary.data):
                 os.chown(path, user.pw_uid, user.pw_gid)
-        pair._run(str(BIN / "initdb"), "-D", str(primary.data), "-U", "postgres",
-                  "--auth=trust", "--encoding=UTF8", "--no-sync")
+        pair._run(
+            str(BIN / "initdb"),
+            "-D",
+            str(primary.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-sync",
+        )
         with (primary.data / "pg_hba.conf").open("a") as hba:
             hba.write("host replication all 127.0.0.1/32 trust\n")
         pair._start(primary)
-        pair._run(str(BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port),
-                  "-U", "postgres", "-D", str(standby.data), "-R", "-X", "stream",
-                  "--no-sync")
+        pair._run(
+            str(BIN / "pg_basebackup"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-D",
+            str(standby.data),
+            "-R",
+            "-X",
+            "stream",
+            "--no-sync",
+        )
         pair._start(standby)
         wait_for(pair.streaming, timeout=30, what="the standby to stream")
     except BaseException:
