@@ -178,7 +178,9 @@ BEGIN
         FOR NO KEY UPDATE OF r
     ), marked AS (
         UPDATE runledger.run_calls c
-        SET status = 'dispatched', dispatched_by = 'failover', dispatched_at = p_now
+        -- an attempt under the run's last surviving token: the dispatch that may be lost
+        SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = a.fencing_token,
+            dispatched_by = 'failover', dispatched_at = p_now
         FROM affected a
         WHERE c.run_id = a.run_id AND c.status = 'planned'
           AND c.approval IS DISTINCT FROM 'pending'
