@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -122,19 +121,23 @@ def scenario(pair: Pair, provider: ProviderProcess, *, with_doctor: bool = True)
             pair.standby.connect("failover") as standby,
         ):
             wait_for(
-                lambda: _count(
-                    old, "SELECT count(DISTINCT run_id) FROM runledger.run_events "
-                    "WHERE kind = 'call_succeeded'"
-                )
-                >= 6,
+                lambda: (
+                    _count(
+                        old,
+                        "SELECT count(DISTINCT run_id) FROM runledger.run_events "
+                        "WHERE kind = 'call_succeeded'",
+                    )
+                    >= 6
+                ),
                 timeout=30,
                 what="the workers to make progress",
             )
             pair.hold_back()
             held = _count(standby, "SELECT count(*) FROM runledger.run_events")
             wait_for(
-                lambda: _count(old, "SELECT count(*) FROM runledger.run_events")
-                >= held + LOST_EVENTS,
+                lambda: (
+                    _count(old, "SELECT count(*) FROM runledger.run_events") >= held + LOST_EVENTS
+                ),
                 timeout=30,
                 what=f"{LOST_EVENTS} events the standby does not receive",
             )
@@ -172,8 +175,7 @@ def scenario(pair: Pair, provider: ProviderProcess, *, with_doctor: bool = True)
             Counter(r[0] for r in new.execute("SELECT status FROM runledger.runs"))
         )
         out["unknown"] = new.execute(
-            "SELECT tool, count(*) FROM runledger.run_calls WHERE status = 'unknown' "
-            "GROUP BY tool"
+            "SELECT tool, count(*) FROM runledger.run_calls WHERE status = 'unknown' GROUP BY tool"
         ).fetchall()
         out["calls"] = new.execute(
             "SELECT idempotency_key, tool, status FROM runledger.run_calls"
