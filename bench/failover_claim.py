@@ -63,7 +63,7 @@ def measure(conn: psycopg.Connection[Any], v3: bool, calls: int, rnd: int) -> di
         ),
         "claim 8": _timed(
             lambda: conn.execute(
-                f"SELECT * FROM runledger.{claim}('w1', '{{demo@1}}', %s, 8)",  # noqa: S608
+                f"SELECT * FROM runledger.{claim}('w1', '{{demo@1}}', %s, 8)",
                 (LEASE,),
             ).fetchall(),
             calls,
