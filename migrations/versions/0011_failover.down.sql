@@ -152,8 +152,9 @@ BEGIN
 END
 $$;
 
+DROP TABLE runledger.failover_runs;
+DROP TABLE runledger.timelines;
+DROP FUNCTION runledger._guard_failover_record();
 DROP FUNCTION runledger._note_timeline(text, timestamptz);
 DROP FUNCTION runledger._token_floor();
 DROP FUNCTION runledger._timeline();
-DROP TABLE runledger.failover_runs;
-DROP TABLE runledger.timelines;

@@ -8,7 +8,8 @@
 --     affected runs, a failover_detected event each);
 --   * claim_runs grants greatest(token + 1, floor + 1) and records a new timeline first;
 --     _lock_leased_run refuses a token granted on an earlier timeline (RL001);
---   * claim_runs_v3: claim_runs_v2 with failover_turn (granted to runledger_worker).
+--   * claim_runs_v3: claim_runs_v2 with failover_turn (granted to runledger_worker);
+--   * the two tables are append-only and written by their owner only (the wall).
 -- The current timeline is recorded as position 1. Frozen once merged: change things in a
 -- new revision (and in the living files).
 
@@ -148,7 +149,7 @@ DECLARE
     v_timeline integer := runledger._timeline();
     v_last runledger.timelines;
     v_position integer;
-    v_affected integer;
+    v_runs text[] := '{}';
     v_run record;
 BEGIN
     -- one detector at a time; the others find the row it wrote
@@ -158,12 +159,20 @@ BEGIN
         RETURN;
     END IF;
     v_position := coalesce(v_last.position, 0) + 1;
+    IF v_last.position IS NOT NULL THEN
+        -- the unfinished runs, locked (in a fixed order) until the end of the claim
+        SELECT coalesce(array_agg(u.run_id ORDER BY u.run_id), '{}') INTO v_runs
+        FROM (SELECT r.run_id FROM runledger.runs r
+              WHERE r.status IN ('queued', 'running', 'paused')
+              ORDER BY r.run_id FOR NO KEY UPDATE) u;
+    END IF;
+    -- the table is append-only (the wall): the row is written whole, once
     INSERT INTO runledger.timelines (position, timeline, previous_timeline, seen_at, seen_by,
-                                     last_replay_at, last_event_id, max_token)
+                                     last_replay_at, last_event_id, max_token, affected_runs)
     VALUES (v_position, v_timeline, v_last.timeline, p_now, p_actor,
             pg_last_xact_replay_timestamp(),
             (SELECT max(e.event_id) FROM runledger.run_events e),
-            (SELECT max(r.fencing_token) FROM runledger.runs r));
+            (SELECT max(r.fencing_token) FROM runledger.runs r), cardinality(v_runs));
     IF v_last.position IS NULL THEN
         RETURN;  -- the first timeline seen: nothing to compare with
     END IF;
@@ -173,9 +182,7 @@ BEGIN
                coalesce((SELECT max(t.turn) FROM runledger.run_turns t
                          WHERE t.run_id = r.run_id), 0) AS turn
         FROM runledger.runs r
-        WHERE r.status IN ('queued', 'running', 'paused')
-        ORDER BY r.run_id
-        FOR NO KEY UPDATE OF r
+        WHERE r.run_id = ANY (v_runs)
     ), marked AS (
         UPDATE runledger.run_calls c
         -- an attempt under the run's last surviving token: the dispatch that may be lost
@@ -200,8 +207,6 @@ BEGIN
     FROM affected a
     -- the lease UPDATE runs with the statement even where nothing reads it
     LEFT JOIN (SELECT count(*) AS n FROM ended) e ON true;
-    GET DIAGNOSTICS v_affected = ROW_COUNT;
-    UPDATE runledger.timelines SET affected_runs = v_affected WHERE position = v_position;
 
     FOR v_run IN
         SELECT f.run_id, f.status, f.lease_owner, f.fencing_token, f.turn, f.marked_calls,
@@ -378,15 +383,61 @@ BEGIN
 END
 $$;
 
+-- Revision 0011: the record of failovers. runledger.timelines is append-only and
+-- runledger.failover_runs too (its rows leave with their run, in prune_runs): without
+-- them a failover would be forgotten, and with it the doubt on the calls of its runs. Both
+-- are written only by their owner's code (the claim that detects a failover runs as the
+-- owner): SECURITY INVOKER, to see who writes, and RAISE directly, as for the pruning
+-- authorization (the writer may not execute _raise or _prune_authorized).
+CREATE FUNCTION runledger._guard_failover_record() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF NOT pg_has_role(current_user,
+                       (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+        RAISE EXCEPTION USING ERRCODE = 'RL007',
+            MESSAGE = format('%s is written only by runledger''s claims (%s refused for %s)',
+                             TG_TABLE_NAME, TG_OP, current_user);
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'failover_runs' THEN
+        IF runledger._prune_authorized() THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'RL007',
+        MESSAGE = format('%s is append-only (%s refused)', TG_TABLE_NAME, TG_OP),
+        HINT = 'failover_runs rows are removed with their run, by runledger.prune_runs';
+END
+$$;
+CREATE TRIGGER tg_timelines_guard BEFORE INSERT OR UPDATE OR DELETE ON runledger.timelines
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.timelines ENABLE ALWAYS TRIGGER tg_timelines_guard;
+CREATE TRIGGER tg_timelines_no_truncate BEFORE TRUNCATE ON runledger.timelines
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.timelines ENABLE ALWAYS TRIGGER tg_timelines_no_truncate;
+CREATE TRIGGER tg_failover_runs_guard BEFORE INSERT OR UPDATE OR DELETE
+    ON runledger.failover_runs
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.failover_runs ENABLE ALWAYS TRIGGER tg_failover_runs_guard;
+CREATE TRIGGER tg_failover_runs_no_truncate BEFORE TRUNCATE ON runledger.failover_runs
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.failover_runs ENABLE ALWAYS TRIGGER tg_failover_runs_no_truncate;
+
 REVOKE ALL ON FUNCTION runledger._timeline() FROM PUBLIC;
 REVOKE ALL ON FUNCTION runledger._token_floor() FROM PUBLIC;
 REVOKE ALL ON FUNCTION runledger._note_timeline(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runledger.claim_runs_v3(text, text[], interval, int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runledger._guard_failover_record() FROM PUBLIC;
 DO $roles$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
         GRANT EXECUTE ON FUNCTION runledger.claim_runs_v3(text, text[], interval, int)
         TO runledger_worker;
+        GRANT SELECT ON runledger.timelines, runledger.failover_runs TO runledger_worker;
     ELSE
         RAISE WARNING 'runledger: role runledger_worker does not exist; grant EXECUTE on runledger.claim_runs_v3 by hand';
     END IF;

@@ -1,8 +1,9 @@
 """Failover detection (revision 0011), called as workers would.
 
 A real promotion is in tests/process/test_failover.py. Here the server stays on its
-timeline and the table is made to say it last saw another one (an UPDATE by the owner):
-to the claim that is the same as a promotion or a restore, and the claim must record it,
+timeline and the table is made to say it last saw another one (a row added by the owner,
+the table being append-only): to the claim that is the same as a promotion or a restore
+(a timeline change), and the claim must record it,
 end the leases it finds held, mark planned calls dispatched, list the unfinished runs
 and say so in their events.
 """
@@ -19,6 +20,7 @@ from .conftest import Connect
 from .helpers import (
     FLOW_REF,
     LEASE_SECONDS,
+    Lease,
     call,
     call_row,
     claim,
@@ -54,6 +56,18 @@ def claim_v3(conn: Conn, worker_id: str = "w2", max_runs: int = 10) -> list[dict
     )
 
 
+def claim_lease(row: dict[str, Any]) -> Lease:
+    return Lease(
+        run_id=row["run_id"],
+        lease_id=row["lease_id"],
+        token=row["fencing_token"],
+        state_version=row["state_version"],
+        takeover=row["takeover"],
+        lease_expires_at=row["lease_expires_at"],
+        worker_id="w2",
+    )
+
+
 def timeline(conn: Conn) -> int:
     return int(scalar(conn, "SELECT runledger._timeline()"))
 
@@ -61,8 +75,8 @@ def timeline(conn: Conn) -> int:
 def pretend_last_seen(admin: Conn, other: int) -> None:
     """The schema last saw timeline ``other``: what a promotion looks like to a claim."""
     admin.execute(
-        "UPDATE runledger.timelines SET timeline = %s "
-        "WHERE position = (SELECT max(position) FROM runledger.timelines)",
+        "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "SELECT max(position) + 1, %s, now() FROM runledger.timelines",
         (other,),
     )
 
@@ -111,13 +125,14 @@ def test_a_new_timeline_is_recorded_with_the_runs_it_affected(worker: Conn, admi
 
     seen = rows(admin, "SELECT * FROM runledger.timelines ORDER BY position")
     assert [(r["position"], r["timeline"], r["previous_timeline"]) for r in seen] == [
-        (1, now + 6, None),
-        (2, now, now + 6),
+        (1, now, None),
+        (2, now + 6, None),  # what the test added
+        (3, now, now + 6),
     ]
-    assert seen[1]["seen_by"] == "w2"
-    assert seen[1]["affected_runs"] == 3
-    assert seen[1]["last_event_id"] == last_event
-    assert seen[1]["max_token"] == 1  # each run was claimed once
+    assert seen[2]["seen_by"] == "w2"
+    assert seen[2]["affected_runs"] == 3
+    assert seen[2]["last_event_id"] == last_event
+    assert seen[2]["max_token"] == 1  # each run was claimed once
     affected = rows(
         admin,
         "SELECT run_id, status, lease_owner, fencing_token, turn, marked_calls "
@@ -180,7 +195,7 @@ def test_a_new_timeline_is_recorded_with_the_runs_it_affected(worker: Conn, admi
         complete(worker, held, key("held", 0, "c2"), "succeeded", {"ok": True})
     # a second claim finds the timeline recorded and adds nothing
     claim_v3(worker, "w3")
-    assert int(scalar(admin, "SELECT count(*) FROM runledger.timelines")) == 2
+    assert int(scalar(admin, "SELECT count(*) FROM runledger.timelines")) == 3
     assert int(scalar(admin, "SELECT count(*) FROM runledger.failover_runs")) == 3
 
 
@@ -208,8 +223,43 @@ def test_the_latest_turn_is_the_suspect_one(worker: Conn, admin: Conn) -> None:
 
 def test_an_empty_table_records_the_timeline_and_no_failover(worker: Conn, admin: Conn) -> None:
     submit_and_claim(worker, "r1")
+    # only past the wall (a superuser disabling its trigger) can the table be emptied
+    admin.execute("ALTER TABLE runledger.timelines DISABLE TRIGGER tg_timelines_guard")
     admin.execute("DELETE FROM runledger.timelines")
+    admin.execute("ALTER TABLE runledger.timelines ENABLE ALWAYS TRIGGER tg_timelines_guard")
     claim(worker, "w2")
     seen = rows(admin, "SELECT position, timeline, previous_timeline FROM runledger.timelines")
     assert seen == [{"position": 1, "timeline": timeline(admin), "previous_timeline": None}]
     assert rows(admin, "SELECT * FROM runledger.failover_runs") == []
+
+
+def test_the_record_of_failovers_is_append_only(worker: Conn, admin: Conn) -> None:
+    submit(worker, "r1")
+    pretend_last_seen(admin, timeline(admin) + 1)
+    claim_v3(worker)
+    for statement in (
+        "UPDATE runledger.timelines SET affected_runs = 0",
+        "DELETE FROM runledger.timelines WHERE position > 1",
+        "TRUNCATE runledger.timelines CASCADE",
+        "UPDATE runledger.failover_runs SET turn = 5",
+        "DELETE FROM runledger.failover_runs",
+        "TRUNCATE runledger.failover_runs",
+    ):
+        with sqlstate("RL007", statement):
+            admin.execute(statement)  # type: ignore[arg-type]
+    assert int(scalar(admin, "SELECT count(*) FROM runledger.failover_runs")) == 1
+
+
+def test_a_pruned_run_takes_its_failover_rows_with_it(
+    worker: Conn, operator: Conn, admin: Conn
+) -> None:
+    submit(worker, "r1")
+    pretend_last_seen(admin, timeline(admin) + 1)
+    (row,) = claim_v3(worker)
+    assert row["failover_turn"] == 0
+    lease = claim_lease(row)
+    record_turn(worker, lease, 0, [])
+    finish(worker, lease, "succeeded")
+    assert scalar(operator, "SELECT runledger.prune_runs('infinity', false)") == 1
+    assert int(scalar(admin, "SELECT count(*) FROM runledger.failover_runs")) == 0
+    assert int(scalar(admin, "SELECT count(*) FROM runledger.timelines")) == 3  # they stay

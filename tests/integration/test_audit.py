@@ -70,13 +70,15 @@ async def test_a_failover_is_reported_with_its_runs(
     await _one_finished_run(store)
     admin_conn.execute("SELECT * FROM runledger.submit_run('aud-open', 'demo', '1', '{}'::jsonb)")
     admin_conn.execute(
-        "UPDATE runledger.timelines SET timeline = runledger._timeline() + 1 WHERE position = 1"
+        "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "VALUES (2, runledger._timeline() + 1, now())"
     )
     admin_conn.execute("SELECT * FROM runledger.claim_runs('w1', '{other@1}', '30 s', 1)")
     broken = {f.check.name: f for f in run_checks(database_url) if not f.ok}
     assert set(broken) == {"failover"}
-    (row,) = broken["failover"].rows
-    assert row["position"] == 2 and row["previous_timeline"] == row["timeline"] + 1
+    added, (row,) = broken["failover"].rows[:1], broken["failover"].rows[1:]
+    assert added[0]["position"] == 2  # the row the test added: a timeline change too
+    assert row["position"] == 3 and row["previous_timeline"] == row["timeline"] + 1
     assert (row["affected_runs"], row["runs"], row["seen_by"]) == (1, ["aud-open"], "w1")
     result = CliRunner().invoke(main, ["audit", "--database-url", database_url])
     assert result.exit_code == 1

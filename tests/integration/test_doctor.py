@@ -45,12 +45,13 @@ def test_a_recorded_failover_is_listed(
     database_url: str, admin_conn: psycopg.Connection[Any]
 ) -> None:
     admin_conn.execute(
-        "UPDATE runledger.timelines SET timeline = runledger._timeline() + 1 WHERE position = 1"
+        "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "VALUES (2, runledger._timeline() + 1, now())"
     )
     admin_conn.execute("SELECT * FROM runledger.claim_runs('w1', '{demo@1}', '30 s', 1)")
     results = _by_check(run_doctor(database_url, connect_timeout=5))
     assert results["timeline"].ok
-    assert "1 failover(s) recorded" in results["timeline"].detail
+    assert "2 failover(s) recorded" in results["timeline"].detail  # the added row, and back
 
 
 def test_no_server_is_one_failed_check() -> None:

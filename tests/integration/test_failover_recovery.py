@@ -1,5 +1,6 @@
 """The worker after a failover (docs/failover.md), in-process, with the timeline change
-made as in tests/contract/test_failover.py (the table says it last saw another timeline).
+made as in tests/contract/test_failover.py (a row says the schema last saw another
+timeline).
 
 What the lost timeline did is played on the test's provider (a dict of effects by key):
 a charge and an email sent under keys whose dispatch, or whose whole decision, the
@@ -89,8 +90,8 @@ async def test_calls_that_may_have_been_sent_on_the_lost_timeline_are_recovered_
     # fo-queued: queued here; the lost timeline may have run it too (it did not)
     await db.submit("fo-queued", flow)
     await db.rows(
-        "UPDATE runledger.timelines SET timeline = runledger._timeline() + 1 "
-        "WHERE position = (SELECT max(position) FROM runledger.timelines)"
+        "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "SELECT max(position) + 1, runledger._timeline() + 1, now() FROM runledger.timelines"
     )
 
     await start_worker(flow)
@@ -127,8 +128,8 @@ async def test_a_run_submitted_after_the_failover_is_not_doubted(
     lookups: list[str] = []
     flow = make_flow(effects, lookups)
     await db.rows(
-        "UPDATE runledger.timelines SET timeline = runledger._timeline() + 1 "
-        "WHERE position = (SELECT max(position) FROM runledger.timelines)"
+        "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "SELECT max(position) + 1, runledger._timeline() + 1, now() FROM runledger.timelines"
     )
     await db.submit("fo-first", flow)
     await start_worker(flow)

@@ -72,7 +72,7 @@ DECLARE
     v_timeline integer := runledger._timeline();
     v_last runledger.timelines;
     v_position integer;
-    v_affected integer;
+    v_runs text[] := '{}';
     v_run record;
 BEGIN
     -- one detector at a time; the others find the row it wrote
@@ -82,12 +82,20 @@ BEGIN
         RETURN;
     END IF;
     v_position := coalesce(v_last.position, 0) + 1;
+    IF v_last.position IS NOT NULL THEN
+        -- the unfinished runs, locked (in a fixed order) until the end of the claim
+        SELECT coalesce(array_agg(u.run_id ORDER BY u.run_id), '{}') INTO v_runs
+        FROM (SELECT r.run_id FROM runledger.runs r
+              WHERE r.status IN ('queued', 'running', 'paused')
+              ORDER BY r.run_id FOR NO KEY UPDATE) u;
+    END IF;
+    -- the table is append-only (the wall): the row is written whole, once
     INSERT INTO runledger.timelines (position, timeline, previous_timeline, seen_at, seen_by,
-                                     last_replay_at, last_event_id, max_token)
+                                     last_replay_at, last_event_id, max_token, affected_runs)
     VALUES (v_position, v_timeline, v_last.timeline, p_now, p_actor,
             pg_last_xact_replay_timestamp(),
             (SELECT max(e.event_id) FROM runledger.run_events e),
-            (SELECT max(r.fencing_token) FROM runledger.runs r));
+            (SELECT max(r.fencing_token) FROM runledger.runs r), cardinality(v_runs));
     IF v_last.position IS NULL THEN
         RETURN;  -- the first timeline seen: nothing to compare with
     END IF;
@@ -97,9 +105,7 @@ BEGIN
                coalesce((SELECT max(t.turn) FROM runledger.run_turns t
                          WHERE t.run_id = r.run_id), 0) AS turn
         FROM runledger.runs r
-        WHERE r.status IN ('queued', 'running', 'paused')
-        ORDER BY r.run_id
-        FOR NO KEY UPDATE OF r
+        WHERE r.run_id = ANY (v_runs)
     ), marked AS (
         UPDATE runledger.run_calls c
         -- an attempt under the run's last surviving token: the dispatch that may be lost
@@ -124,8 +130,6 @@ BEGIN
     FROM affected a
     -- the lease UPDATE runs with the statement even where nothing reads it
     LEFT JOIN (SELECT count(*) AS n FROM ended) e ON true;
-    GET DIAGNOSTICS v_affected = ROW_COUNT;
-    UPDATE runledger.timelines SET affected_runs = v_affected WHERE position = v_position;
 
     FOR v_run IN
         SELECT f.run_id, f.status, f.lease_owner, f.fencing_token, f.turn, f.marked_calls,

@@ -33,6 +33,7 @@ BEGIN
         GRANT USAGE ON SCHEMA runledger TO runledger_worker;
         GRANT SELECT ON runledger.runs, runledger.run_turns, runledger.run_calls,
                         runledger.run_events, runledger.workers, runledger.settings,
+                        runledger.timelines, runledger.failover_runs,
                         runledger.run_timeline, runledger.effect_ledger, runledger.lease_history
             TO runledger_worker;
         GRANT EXECUTE ON FUNCTION
