@@ -320,7 +320,9 @@ $$;
 -- claim_runs_v3 (revision 0011): claim_runs_v2, and with each run failover_turn: the
 -- earliest turn from which a failover (runledger.failover_runs) makes its never-dispatched
 -- calls suspect of having been sent on a lost timeline, NULL for a run no failover
--- affected. claim_runs_v2 stays for workers of the previous release.
+-- affected. claim_runs_v2's body with one more column in its per-run read (not a wrapper
+-- of it: a layer of RETURN NEXT and a statement per run less). claim_runs_v2 stays for
+-- workers of the previous release.
 CREATE FUNCTION runledger.claim_runs_v3(p_worker_id text, p_flows text[], p_lease interval,
                                         p_max_runs int)
 RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
@@ -334,8 +336,22 @@ AS $$
 DECLARE
     v_claim record;
 BEGIN
-    FOR v_claim IN SELECT * FROM runledger.claim_runs_v2(p_worker_id, p_flows, p_lease, p_max_runs)
+    -- each statement of the loop sees what claim_runs wrote (a later command)
+    FOR v_claim IN SELECT * FROM runledger.claim_runs(p_worker_id, p_flows, p_lease, p_max_runs)
     LOOP
+        SELECT r.stalled_claims,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls,
+                                                              'record', t.record,
+                                                              'output', t.output)
+                                            ORDER BY t.turn), '[]'::json)
+                   FROM runledger.run_turns t WHERE t.run_id = r.run_id) END,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json)
+                   FROM runledger.run_calls c WHERE c.run_id = r.run_id) END,
+               (SELECT min(f.turn) FROM runledger.failover_runs f WHERE f.run_id = r.run_id)
+        INTO stalled_claims, turns, calls, failover_turn
+        FROM runledger.runs r WHERE r.run_id = v_claim.run_id;
         run_id := v_claim.run_id;
         flow := v_claim.flow;
         flow_version := v_claim.flow_version;
@@ -346,11 +362,6 @@ BEGIN
         lease_id := v_claim.lease_id;
         lease_expires_at := v_claim.lease_expires_at;
         takeover := v_claim.takeover;
-        stalled_claims := v_claim.stalled_claims;
-        turns := v_claim.turns;
-        calls := v_claim.calls;
-        failover_turn := (SELECT min(f.turn) FROM runledger.failover_runs f
-                          WHERE f.run_id = v_claim.run_id);
         RETURN NEXT;
     END LOOP;
 END
