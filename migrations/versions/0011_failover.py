@@ -5,9 +5,10 @@ Tables ``timelines`` and ``failover_runs``; fencing tokens carry the server's ti
 (a claim grants ``greatest(token + 1, ((timeline - 1) << 32) + 1)``), a write with a token
 of an earlier timeline is refused (RL001), and the first claim on a new timeline records
 it with the runs it affected (their leases end, their planned calls are marked
-dispatched). New worker function ``claim_runs_v3`` (``claim_runs_v2`` with
-``failover_turn``). The downgrade restores claim_runs and _lock_leased_run of 0008 and
-drops the rest.
+dispatched); a lease of an earlier timeline is not renewed. The record is append-only
+(the wall). New worker function ``claim_runs_v3`` (``claim_runs_v2`` with
+``failover_turn``). The downgrade restores claim_runs, renew_leases and _lock_leased_run
+of 0008 and drops the rest.
 
 Numbered 0011 on its branch (0009 and 0010 are taken by others): renumber on merge.
 

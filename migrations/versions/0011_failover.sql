@@ -7,7 +7,8 @@
 --     what it may have lost (ends the old leases, marks planned calls dispatched, lists the
 --     affected runs, a failover_detected event each);
 --   * claim_runs grants greatest(token + 1, floor + 1) and records a new timeline first;
---     _lock_leased_run refuses a token granted on an earlier timeline (RL001);
+--     _lock_leased_run refuses a token granted on an earlier timeline (RL001), and
+--     renew_leases does not renew one;
 --   * claim_runs_v3: claim_runs_v2 with failover_turn (granted to runledger_worker);
 --   * the two tables are append-only and written by their owner only (the wall).
 -- The current timeline is recorded as position 1. Frozen once merged: change things in a
@@ -390,6 +391,81 @@ BEGIN
         lease_expires_at := v_claim.lease_expires_at;
         takeover := v_claim.takeover;
         RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- renew_leases: a lease of an earlier timeline is not renewed
+CREATE OR REPLACE FUNCTION runledger.renew_leases(p_worker_id text, p_run_ids text[], p_lease_ids uuid[],
+                                       p_lease interval)
+RETURNS TABLE (run_id text, lease_expires_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := runledger.now();
+    v_row record;
+    v_run_id text;
+    -- revision 0011: a lease of an earlier timeline is not renewed (its writes are refused)
+    v_floor bigint := runledger._token_floor();
+BEGIN
+    PERFORM runledger._check_worker_id(p_worker_id);
+    PERFORM runledger._check_lease(p_lease);
+    IF coalesce(cardinality(p_run_ids), 0) <> coalesce(cardinality(p_lease_ids), 0) THEN
+        PERFORM runledger._raise('RL006', 'run ids and lease ids must be arrays of one length',
+            NULL, NULL);
+    END IF;
+    IF cardinality(p_run_ids) > runledger._cap('run_ids') THEN
+        PERFORM runledger._raise('RL006',
+            format('run ids has %s elements, over the cap of %s', cardinality(p_run_ids),
+                   runledger._cap('run_ids')), NULL, NULL);
+    END IF;
+    FOREACH v_run_id IN ARRAY coalesce(p_run_ids, '{}') LOOP
+        PERFORM runledger._check_run_id(v_run_id);
+    END LOOP;
+    -- One statement (one snapshot) finds the renewed leases and the failed ones; it runs
+    -- to completion before the loop returns the first and logs the others.
+    FOR v_row IN
+    WITH wanted AS (
+        SELECT u.run_id, u.lease_id FROM unnest(p_run_ids, p_lease_ids) AS u(run_id, lease_id)
+    ), locked AS (
+        -- lock in a fixed order so two renewals never wait on each other in a cycle
+        SELECT l.run_id FROM runledger.runs l JOIN wanted w ON w.run_id = l.run_id
+        WHERE l.lease_id = w.lease_id AND l.lease_owner = p_worker_id
+          AND l.status = 'running' AND l.lease_expires_at > v_now AND l.fencing_token > v_floor
+        ORDER BY l.run_id
+        FOR NO KEY UPDATE OF l
+    ), renewed AS (
+        UPDATE runledger.runs r
+        SET lease_expires_at = v_now + p_lease
+        FROM locked k JOIN wanted w ON w.run_id = k.run_id
+        WHERE r.run_id = k.run_id AND r.lease_id = w.lease_id AND r.lease_owner = p_worker_id
+          AND r.status = 'running' AND r.lease_expires_at > v_now AND r.fencing_token > v_floor
+        RETURNING r.run_id, r.lease_expires_at
+    )
+    SELECT n.run_id, n.lease_expires_at, true AS renewed, NULL::uuid AS lease_id,
+           NULL::uuid AS current_lease_id, NULL::text AS current_owner, NULL::text AS status
+    FROM renewed n
+    UNION ALL
+    SELECT w.run_id, NULL, false, w.lease_id, x.lease_id, x.lease_owner, x.status
+    FROM wanted w JOIN runledger.runs x ON x.run_id = w.run_id
+    WHERE NOT EXISTS (SELECT 1 FROM renewed n WHERE n.run_id = w.run_id)
+      -- a run that left 'running' (finished, released, cancelled) has its own event:
+      -- only a lease that expired or was taken over is a renewal failure
+      AND x.status = 'running'
+    LOOP
+        IF v_row.renewed THEN
+            run_id := v_row.run_id;
+            lease_expires_at := v_row.lease_expires_at;
+            RETURN NEXT;
+        ELSE
+            PERFORM runledger._event(v_row.run_id, 'renewal_failed', p_worker_id, NULL, NULL,
+                jsonb_build_object('lease_id', v_row.lease_id,
+                                   'current_lease_id', v_row.current_lease_id,
+                                   'current_owner', v_row.current_owner, 'status', v_row.status),
+                v_now);
+        END IF;
     END LOOP;
 END
 $$;

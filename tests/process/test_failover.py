@@ -85,6 +85,30 @@ def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _old_lease(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """A lease with a token of timeline 1, live by the clock, on the promoted database
+    (made by hand: a holder that kept its lease across the failover): its write is
+    refused and it is not renewed."""
+    conn.execute("SELECT * FROM runledger.submit_run('fo-ghost', 'scripted', '1', '{}')")
+    conn.execute(
+        "UPDATE runledger.runs SET status = 'running', fencing_token = 7, lease_owner = 'ghost', "
+        "lease_id = '00000000-0000-4000-8000-000000000007', "
+        "lease_expires_at = now() + interval '1 hour' WHERE run_id = 'fo-ghost'"
+    )
+    lease = ("fo-ghost", "00000000-0000-4000-8000-000000000007", 7)
+    try:
+        conn.execute("SELECT runledger.checkpoint(%s, %s, %s, 0, '{}')", lease)
+        refused = None
+    except psycopg.Error as exc:
+        refused = exc.sqlstate
+    renewed = conn.execute(
+        "SELECT * FROM runledger.renew_leases('ghost', ARRAY['fo-ghost'], "
+        "ARRAY['00000000-0000-4000-8000-000000000007']::uuid[], '30 s')"
+    ).fetchall()
+    floor = conn.execute("SELECT runledger._token_floor()").fetchone()
+    return {"refused": refused, "renewed": renewed, "floor": floor[0] if floor else None}
+
+
 def scenario(
     pair: Pair, provider: ProviderProcess, *, with_doctor: bool = True, multi_migrate: bool = True
 ) -> dict[str, Any]:
@@ -186,6 +210,7 @@ def scenario(
         out["calls"] = new.execute(
             "SELECT idempotency_key, tool, status FROM runledger.run_calls"
         ).fetchall()
+        out["old_lease"] = _old_lease(new)
     effects = Counter(e["key"] for e in provider.client.effects())
     out.update(
         lost_events=old_events - survived,
@@ -222,6 +247,8 @@ def test_async_failover_loses_commits_but_no_token_or_effect_twice(
     # no token twice, and every token after the promotion exceeds every one before
     assert out["tokens_granted_twice"] == 0
     assert out["tokens_not_above_lost"] == []
+    # a lease of timeline 1 still live by the clock is dead on timeline 2
+    assert out["old_lease"] == {"refused": "RL001", "renewed": [], "floor": 1 << 32}
     # no effect twice; every succeeded call has its effect (read-only aside)
     assert out["effects_sent_twice"] == 0, {k: n for k, n in out["effects"].items() if n > 1}
     for key, tool, status in out["calls"]:

@@ -378,6 +378,8 @@ DECLARE
     v_now timestamptz := runledger.now();
     v_row record;
     v_run_id text;
+    -- revision 0011: a lease of an earlier timeline is not renewed (its writes are refused)
+    v_floor bigint := runledger._token_floor();
 BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
     PERFORM runledger._check_lease(p_lease);
@@ -402,7 +404,7 @@ BEGIN
         -- lock in a fixed order so two renewals never wait on each other in a cycle
         SELECT l.run_id FROM runledger.runs l JOIN wanted w ON w.run_id = l.run_id
         WHERE l.lease_id = w.lease_id AND l.lease_owner = p_worker_id
-          AND l.status = 'running' AND l.lease_expires_at > v_now
+          AND l.status = 'running' AND l.lease_expires_at > v_now AND l.fencing_token > v_floor
         ORDER BY l.run_id
         FOR NO KEY UPDATE OF l
     ), renewed AS (
@@ -410,7 +412,7 @@ BEGIN
         SET lease_expires_at = v_now + p_lease
         FROM locked k JOIN wanted w ON w.run_id = k.run_id
         WHERE r.run_id = k.run_id AND r.lease_id = w.lease_id AND r.lease_owner = p_worker_id
-          AND r.status = 'running' AND r.lease_expires_at > v_now
+          AND r.status = 'running' AND r.lease_expires_at > v_now AND r.fencing_token > v_floor
         RETURNING r.run_id, r.lease_expires_at
     )
     SELECT n.run_id, n.lease_expires_at, true AS renewed, NULL::uuid AS lease_id,
