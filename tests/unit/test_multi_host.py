@@ -44,3 +44,11 @@ def test_the_workers_connect_timeout_keeps_every_host() -> None:
     assert (params["host"], params["port"]) == ("a,b", "1,2")
     assert params["target_session_attrs"] == "read-write"
     assert params["connect_timeout"] == "3"
+
+
+def test_a_connection_error_names_every_host() -> None:
+    from runledger.db.execution import connect_error
+
+    url = "postgresql://u@a:1,b:2/app?target_session_attrs=read-write"
+    error = connect_error(OSError("session is read-only"), url, None)
+    assert "PostgreSQL at a:1,b:2 (database 'app')" in str(error)
