@@ -80,7 +80,9 @@ class LocalJournal:
         if at is not None:
             self.calls[at] = dataclasses.replace(self.calls[at], **changes)
 
-    def dispatched(self, key: str, attempt: int, token: int, by: str) -> None:
+    def dispatched(self, key: str, attempt: int, token: int, by: str = "") -> None:
+        # by: the dispatcher; any value but None says "dispatched on this timeline" to
+        # calls.suspect (docs/failover.md)
         self._update(
             key,
             status=CallStatus.DISPATCHED,
