@@ -71,6 +71,19 @@ CHECKS: tuple[Check, ...] = (
              FROM runledger.run_events WHERE fencing_token IS NOT NULL) e
            WHERE fencing_token < previous""",
     ),
+    # Revision 0010. Not a broken invariant of the rows here, but what they cannot show:
+    # commits of the old timeline after last_replay_at may be lost, and with them any
+    # dispatch, result or event this audit would have checked (docs/failover.md).
+    Check(
+        "failover",
+        "the database never changed timeline (each row is a promotion or a restore that "
+        "may have lost commits; its runs were recovered as possibly sent)",
+        """SELECT t.position, t.previous_timeline, t.timeline, t.seen_at, t.seen_by,
+                  t.last_replay_at, t.last_event_id, t.max_token, t.affected_runs,
+                  ARRAY(SELECT f.run_id FROM runledger.failover_runs f
+                        WHERE f.position = t.position ORDER BY f.run_id LIMIT 100) AS runs
+           FROM runledger.timelines t WHERE t.position > 1 ORDER BY t.position""",
+    ),
 )
 
 

@@ -29,6 +29,7 @@ import click
 
 from runledger import errors
 from runledger.cli_approvals import APPROVABLE, approval_lines, approve, deny, shown_status
+from runledger.cli_doctor import doctor
 from runledger.cli_options import (
     CONTEXT,
     FiniteFloatRange,
@@ -373,6 +374,7 @@ def resolve(
 
 main.add_command(approve)
 main.add_command(deny)
+main.add_command(doctor)
 
 
 @main.command(context_settings=CONTEXT)

@@ -184,6 +184,9 @@ class Call:
     provider_id: str | None = None  # the model's id for the call (never part of the key)
     approval: Approval | None = None  # None: the call needs no approval
     approval_by: str | None = None  # who approved or denied it
+    # who dispatched it last ("failover": a failover marked it, its dispatch may be lost);
+    # None: never dispatched on this timeline
+    dispatched_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

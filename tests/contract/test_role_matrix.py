@@ -40,8 +40,11 @@ TABLES = (
     "settings",
     "alembic_version",
     "prune_authorizations",
+    "timelines",
+    "failover_runs",
 )
 JOURNAL = ("runs", "run_turns", "run_calls", "run_events")
+FAILOVER_RECORD = ("timelines", "failover_runs")  # revision 0010: append-only, owner-written
 
 # One statement of each kind per table; the writes are ones the wall lets through where
 # it can (an UPDATE of a run's priority), so that what is refused is refused by privilege
@@ -100,6 +103,20 @@ STATEMENTS: dict[str, dict[str, str]] = {
         "DELETE": "DELETE FROM runledger.prune_authorizations",
         "TRUNCATE": "TRUNCATE runledger.prune_authorizations",
     },
+    "timelines": {
+        "INSERT": "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "VALUES (99, 1, now())",
+        "UPDATE": "UPDATE runledger.timelines SET seen_by = seen_by",
+        "DELETE": "DELETE FROM runledger.timelines",
+        "TRUNCATE": "TRUNCATE runledger.timelines CASCADE",
+    },
+    "failover_runs": {
+        "INSERT": "INSERT INTO runledger.failover_runs (run_id, position, status, "
+        "fencing_token, turn, marked_calls) VALUES ('done', 1, 'queued', 0, 0, '{}')",
+        "UPDATE": "UPDATE runledger.failover_runs SET turn = turn",
+        "DELETE": "DELETE FROM runledger.failover_runs",
+        "TRUNCATE": "TRUNCATE runledger.failover_runs",
+    },
 }
 for _table, _statements in STATEMENTS.items():
     _statements["SELECT"] = f"SELECT * FROM runledger.{_table}"
@@ -123,6 +140,8 @@ def expected(role: str, table: str, kind: str) -> str:
             readable -= {"alembic_version"}
         return OK if table in readable else DENIED
     # DBA and owner hold every table privilege; the wall decides.
+    if table in FAILOVER_RECORD and kind != "SELECT":
+        return OK if (role, kind) == (OWNER, "INSERT") else WALL
     if table in JOURNAL and kind in ("DELETE", "TRUNCATE"):
         return WALL
     if table in ("run_turns", "run_events") and kind == "UPDATE":
@@ -157,6 +176,11 @@ def world(database_url: str, admin_conn: Conn, worker: Conn) -> Iterator[World]:
     finish(worker, done, "succeeded")
     submit(worker, "waiting", flow="other")
     worker.execute("SELECT runledger.register_worker('w1', 'host', 42, ARRAY['demo@1'])")
+    # a failover's row for 'waiting' (as the superuser: past the owner-only check)
+    admin_conn.execute(
+        "INSERT INTO runledger.failover_runs (run_id, position, status, fencing_token, turn, "
+        "marked_calls) VALUES ('waiting', 1, 'queued', 0, 0, '{}')"
+    )
 
     suffix = uuid.uuid4().hex[:10]
     names = {r: r for r in (WORKER, OPERATOR, AUDITOR)}
@@ -227,7 +251,7 @@ def _attempt(w: World, role: str, statement: str, expect: str) -> str:
 
 def test_every_table_role_and_statement(world: World) -> None:
     cases = [(role, table, kind) for role in ROLES for table in TABLES for kind in KINDS]
-    assert len(cases) == 6 * 8 * 5
+    assert len(cases) == 6 * 10 * 5
     got: dict[tuple[str, str, str], str] = {}
     for role, table, kind in cases:
         got[(role, table, kind)] = _attempt(
@@ -336,6 +360,7 @@ WORKER_FUNCTIONS = {
     "submit_run",
     "claim_runs",
     "claim_runs_v2",
+    "claim_runs_v3",
     "renew_leases",
     "checkpoint",
     "record_turn",

@@ -164,6 +164,7 @@ CONTRACT_FUNCTIONS = [
     "submit_run",
     "claim_runs",
     "claim_runs_v2",
+    "claim_runs_v3",
     "renew_leases",
     "checkpoint",
     "record_turn",

@@ -60,3 +60,26 @@ async def test_tampering_is_named(
     result = CliRunner().invoke(main, ["audit", "--database-url", database_url, "--json"])
     assert result.exit_code == 1
     assert f'"check": "{check}"' in result.output
+
+
+async def test_a_failover_is_reported_with_its_runs(
+    store: Store, database_url: str, admin_conn: psycopg.Connection[Any]
+) -> None:
+    """The database changed timeline (here: the table says it last saw another one):
+    the audit cannot vouch for the commits of the old one, and says which runs."""
+    await _one_finished_run(store)
+    admin_conn.execute("SELECT * FROM runledger.submit_run('aud-open', 'demo', '1', '{}'::jsonb)")
+    admin_conn.execute(
+        "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "VALUES (2, runledger._timeline() + 1, now())"
+    )
+    admin_conn.execute("SELECT * FROM runledger.claim_runs('w1', '{other@1}', '30 s', 1)")
+    broken = {f.check.name: f for f in run_checks(database_url) if not f.ok}
+    assert set(broken) == {"failover"}
+    added, (row,) = broken["failover"].rows[:1], broken["failover"].rows[1:]
+    assert added[0]["position"] == 2  # the row the test added: a timeline change too
+    assert row["position"] == 3 and row["previous_timeline"] == row["timeline"] + 1
+    assert (row["affected_runs"], row["runs"], row["seen_by"]) == (1, ["aud-open"], "w1")
+    result = CliRunner().invoke(main, ["audit", "--database-url", database_url])
+    assert result.exit_code == 1
+    assert "FAIL failover" in result.output

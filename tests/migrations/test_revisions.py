@@ -20,7 +20,7 @@ from runledger.cli import main
 from runledger.db import migrate, schema
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
-HEAD = "0009"
+HEAD = "0010"
 
 
 def _script() -> ScriptDirectory:
@@ -84,6 +84,8 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_database_url: str) -> None:
         "workers",
         "settings",
         "prune_authorizations",
+        "timelines",
+        "failover_runs",
     }
     views = {name for name, kind in first["tables"] if kind == "VIEW"}
     assert views == {"run_timeline", "effect_ledger", "lease_history"}

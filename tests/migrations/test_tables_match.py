@@ -31,6 +31,8 @@ TABLES = {
     "workers",
     "settings",
     "prune_authorizations",
+    "timelines",
+    "failover_runs",
 }
 
 

@@ -35,6 +35,15 @@ def test_unknown_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
             "host=/tmp/sock port=5999 user=me dbname=x",
             "postgresql://me@/t1?host=%2Ftmp%2Fsock&port=5999",
         ),
+        (  # several hosts stay several (a worker that follows a promotion)
+            "postgresql://u@a:1,b:2/x?target_session_attrs=read-write",
+            "postgresql://u@a:1,b:2/t1?target_session_attrs=read-write",
+        ),
+        (
+            "host=a,b port=1,2 user=u dbname=x target_session_attrs=read-write",
+            "postgresql://u@a:1,b:2/t1?target_session_attrs=read-write",
+        ),
+        ("host=a,b port=7 user=u dbname=x", "postgresql://u@a:7,b:7/t1"),
     ],
 )
 def test_url_for_another_database(url: str, expected: str) -> None:

@@ -118,6 +118,16 @@ def _where(url: str) -> tuple[str, str, str, str]:
     return host or "the local socket", port, dbname, role
 
 
+def hosts_ports(host: str, port: str) -> str:
+    """``host:port``; for a multi-host URL (``host=a,b port=1,2``) ``a:1,b:2``."""
+    hosts, ports = host.split(","), port.split(",")
+    if len(hosts) == 1:
+        return f"{host}:{port}"
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    return ",".join(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False))
+
+
 def _os_user() -> str:
     import getpass
 
@@ -158,7 +168,7 @@ def connect_error(
             return bad_url
         return errors.ConfigurationError(f"bad connection setting: {_reason(exc)}")
     host, port, dbname, role = _where(url)
-    at = f"PostgreSQL at {host}:{port}"
+    at = f"PostgreSQL at {hosts_ports(host, port)}"
     reason = _reason(exc)
     lowered = reason.lower()
     if "database" in lowered and "does not exist" in lowered:
@@ -207,7 +217,7 @@ async def probe(
         raise connect_error(exc, url, timeout) from None
     async with conn:
         if check_schema:
-            await _check_schema(conn, f"database {dbname!r} at {host}:{port}")
+            await _check_schema(conn, f"database {dbname!r} at {hosts_ports(host, port)}")
 
 
 def probe_blocking(

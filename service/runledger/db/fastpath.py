@@ -1,7 +1,8 @@
 """The worker's fast path (revision 0008): fewer transactions per tool call.
 
 - :meth:`FastPath.claim_runs_v2`: each claimed run comes with its stalled-claim count
-  and its journal, so the worker reads nothing after a claim;
+  and its journal, so the worker reads nothing after a claim (``claim_runs_v3``, revision
+  0010: and the turn from which a failover makes its calls suspect);
 - :meth:`FastPath.record_turn_v4`: a decision, the checkpoint of the turns before it and,
   for the final decision, the run's success, in one transaction; since revision 0009 also
   the dispatch of the decision's first calls (``record_turn_v3`` is it without them);
@@ -77,6 +78,31 @@ class FastPath(OperatorWrites):
                 claimed_run(r),
                 ClaimedJournal(
                     stalled_claims=int(r["stalled_claims"]), turns=r["turns"], calls=r["calls"]
+                ),
+            )
+            for r in rows
+        ]
+
+    async def claim_runs_v3(
+        self, worker_id: str, flows: Sequence[str], lease: dt.timedelta, max_runs: int
+    ) -> list[tuple[ClaimedRun, ClaimedJournal]]:
+        """``claim_runs_v2``, and with each run the turn from which a failover makes its
+        never-dispatched calls suspect (``ClaimedJournal.failover_turn``, revision 0010)."""
+        check_text("worker id", worker_id)
+        for f in flows:
+            check_text("flow", f)
+        rows = await self._read(
+            "SELECT * FROM runledger.claim_runs_v3(%s, %s::text[], %s::interval, %s)",
+            (worker_id, list(flows), lease, max_runs),
+        )
+        return [
+            (
+                claimed_run(r),
+                ClaimedJournal(
+                    stalled_claims=int(r["stalled_claims"]),
+                    turns=r["turns"],
+                    calls=r["calls"],
+                    failover_turn=r["failover_turn"],
                 ),
             )
             for r in rows

@@ -43,10 +43,42 @@ def migrations_dir() -> Path:
 
 
 def sqlalchemy_url(url: str) -> str:
+    """The URL for SQLAlchemy's psycopg dialect. A multi-host URL (``postgresql://a:1,b:2/db``
+    or ``host=a,b port=1,2 ...``, what a worker uses to follow a promotion) becomes the
+    dialect's form, ``postgresql+psycopg://user@/db?host=a:1&host=b:2&...``: SQLAlchemy
+    cannot parse several hosts in the netloc."""
+    multi = _multi_host(url)
+    if multi is not None:
+        return multi
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def _multi_host(url: str) -> str | None:
+    from psycopg.conninfo import conninfo_to_dict
+    from sqlalchemy.engine import URL
+
+    try:
+        params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+    except psycopg.Error:
+        return None  # not libpq's: left for SQLAlchemy to judge
+    hosts = params.pop("host", "").split(",")
+    if len(hosts) < 2:
+        return None
+    ports = params.pop("port", "").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    query: dict[str, str | list[str]] = {
+        "host": [f"{h}:{p}" if p else h for h, p in zip(hosts, ports, strict=False)]
+    }
+    user, password = params.pop("user", None), params.pop("password", None)
+    dbname = params.pop("dbname", None)
+    query.update(params)
+    return URL.create(
+        "postgresql+psycopg", username=user, password=password, database=dbname, query=query
+    ).render_as_string(hide_password=False)
 
 
 def alembic_config(url: str | None, *, output: io.StringIO | None = None) -> Config:

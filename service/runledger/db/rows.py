@@ -37,6 +37,9 @@ class ClaimedJournal:
     stalled_claims: int
     turns: Any
     calls: Any
+    # claim_runs_v3: the turn from which a failover makes never-dispatched calls suspect
+    # of having been sent on a lost timeline; None when no failover affected the run
+    failover_turn: int | None = None
 
     @property
     def included(self) -> bool:
@@ -102,6 +105,7 @@ def call_from_row(r: Row) -> Call:
         provider_id=r.get("provider_id"),
         approval=Approval(r["approval"]) if r.get("approval") is not None else None,
         approval_by=r.get("approval_by"),
+        dispatched_by=r.get("dispatched_by"),
     )
 
 

@@ -239,6 +239,39 @@ prune_authorizations: Final = Table(
     PrimaryKeyConstraint("txid"),
 )
 
+# Revision 0010 (failover): the timelines the schema was seen on, in order, and the runs a
+# failover found unfinished (docs/failover.md).
+timelines: Final = Table(
+    "timelines",
+    metadata,
+    Column("position", Integer, nullable=False, autoincrement=False),
+    Column("timeline", Integer, nullable=False),
+    Column("previous_timeline", Integer, nullable=True),
+    Column("seen_at", _tstz(), nullable=False),
+    Column("seen_by", Text, nullable=True),
+    Column("last_replay_at", _tstz(), nullable=True),
+    Column("last_event_id", BigInteger, nullable=True),
+    Column("max_token", BigInteger, nullable=True),
+    Column("affected_runs", Integer, nullable=False, server_default=text("0")),
+    PrimaryKeyConstraint("position"),
+    CheckConstraint("timeline >= 1", name="timeline"),
+)
+
+failover_runs: Final = Table(
+    "failover_runs",
+    metadata,
+    Column("run_id", Text, nullable=False),
+    Column("position", Integer, nullable=False, autoincrement=False),
+    Column("status", Text, nullable=False),
+    Column("lease_owner", Text, nullable=True),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("turn", Integer, nullable=False),
+    Column("marked_calls", ARRAY(Text), nullable=False),
+    PrimaryKeyConstraint("run_id", "position"),
+    ForeignKeyConstraint(["run_id"], [runs.c.run_id], ondelete="CASCADE"),
+    ForeignKeyConstraint(["position"], [timelines.c.position]),
+)
+
 __all__ = [
     "APPROVALS",
     "CALL_STATUSES",
@@ -246,6 +279,7 @@ __all__ = [
     "RUN_ID_PATTERN",
     "RUN_STATUSES",
     "SCHEMA",
+    "failover_runs",
     "metadata",
     "prune_authorizations",
     "run_calls",
@@ -253,5 +287,6 @@ __all__ = [
     "run_turns",
     "runs",
     "settings",
+    "timelines",
     "workers",
 ]

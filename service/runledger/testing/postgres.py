@@ -60,7 +60,8 @@ class Server:
 
 
 def url_with_dbname(url: str, dbname: str) -> str:
-    """A ``postgresql://`` URL (what both psycopg and SQLAlchemy read) for another database."""
+    """A ``postgresql://`` URL (what both psycopg and SQLAlchemy read) for another database.
+    Several hosts (``host=a,b port=1,2``) stay several: ``postgresql://u@a:1,b:2/db``."""
     info = {k: str(v) for k, v in conninfo_to_dict(url).items()}
     user = quote(info.pop("user", "postgres"), safe="")
     password = info.pop("password", None)
@@ -68,6 +69,16 @@ def url_with_dbname(url: str, dbname: str) -> str:
     port = info.pop("port", None)
     info.pop("dbname", None)
     auth = f"{user}:{quote(password, safe='')}" if password else user
+    if "," in host and not host.startswith("/"):
+        hosts = host.split(",")
+        ports = (port or "").split(",")
+        if len(ports) == 1:
+            ports = ports * len(hosts)
+        netloc = f"{auth}@" + ",".join(
+            f"{h}:{p}" if p else h for h, p in zip(hosts, ports, strict=False)
+        )
+        query = f"?{urlencode(info)}" if info else ""
+        return f"postgresql://{netloc}/{quote(dbname, safe='')}{query}"
     if host.startswith("/"):
         info["host"] = host
         netloc = f"{auth}@"

@@ -47,6 +47,18 @@ class Settled(Enum):
     TOOL_MISSING = "tool_missing"  # planned, and this code has no such tool
 
 
+def suspect(active: ActiveRun, call: Call) -> bool:
+    """Whether the call may have been sent on a timeline a failover lost although this
+    timeline never dispatched it: planned, never dispatched, of a turn from the run's
+    ``failover_turn`` on (docs/failover.md)."""
+    return (
+        active.failover_turn is not None
+        and call.turn >= active.failover_turn
+        and call.status is CallStatus.PLANNED
+        and call.dispatched_by is None
+    )
+
+
 def check_deadline(active: ActiveRun) -> None:
     if time.monotonic() >= active.deadline:
         raise LocalLeaseExpired(active.run_id)
@@ -82,12 +94,15 @@ class Calls:
         the settlement. ``dispatched``: this call's own attempt number, when the previous
         call's completion dispatched it; it is then sent at once."""
         tool = flow.tools.get(call.tool)
+        doubted = suspect(active, call)
         known = Known(
             window=recovery.window_of(call.status, call.approval),
             safety=tool.safety if tool is not None else None,
             tool=call.tool,
             max_attempts=tool.max_attempts if tool is not None else 1,
             attempts=call.attempts,
+            suspect=doubted,
+            failover=doubted or call.dispatched_by == "failover",
         )
         if known.window is Window.IN_FLIGHT:
             log.info(
@@ -142,6 +157,19 @@ class Calls:
                         known = dataclasses.replace(known, window=Window.PLANNED)
                         continue
                     return Settled.DONE, sent
+                case recovery.Probe():
+                    # dispatched, not sent: recovered as a call found in flight
+                    check_boundary(active)
+                    log.info(
+                        "call may have been sent before a failover: recovering it",
+                        extra={"run_id": active.run_id, "key": call.idempotency_key},
+                    )
+                    attempt = await self.writes.dispatch(
+                        active, call, attempts_seen=known.attempts + known.tries
+                    )
+                    known = dataclasses.replace(
+                        known, window=Window.IN_FLIGHT, suspect=False, attempts=attempt
+                    )
                 case recovery.Lookup(backoff=wait):
                     assert tool is not None
                     if wait:
@@ -165,6 +193,8 @@ class Calls:
             return None
         if call.approval is Approval.PENDING or call.tool not in flow.tools:
             return None
+        if suspect(active, call):
+            return None  # its first step may not be a send
         if active.draining or time.monotonic() >= active.deadline:
             return None  # this call completes alone; the boundary stops the next step
         return call
@@ -194,6 +224,7 @@ class Calls:
         sent = dataclasses.replace(
             known,
             tries=known.tries + 1,
+            suspect=False,
             looked_up=LookedUp.NOT_ASKED,
             lookups_failed=0,
             lookup_error=None,

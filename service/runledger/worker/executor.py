@@ -20,7 +20,7 @@
    otherwise (fails, pauses, is handed back) is written on its own first. The runs given
    up on (crash loop, undecodable JSON) are :mod:`runledger.worker.giving_up`'s.
 
-The journal comes with the claim (``claim_runs_v2``) and is kept in memory for the rest
+The journal comes with the claim (``claim_runs_v3``) and is kept in memory for the rest
 of the lease (:mod:`runledger.worker.journal`): nothing is read back after a write.
 """
 
@@ -154,8 +154,9 @@ class Executor:
         # Before anything of the run is loaded or decoded: a run that keeps crashing the
         # worker while loading must still end as crash_loop. claim_runs_v2 carries the
         # count (and the journal only for a run that made progress since its last claim).
-        assert active.loaded is not None, "every claim comes from claim_runs_v2"
+        assert active.loaded is not None, "every claim comes from claim_runs_v3"
         stalled = active.loaded.stalled_claims
+        active.failover_turn = active.loaded.failover_turn
         if stalled > self.limits.max_stalled_claims:
             await self.giving_up.crash_loop(active, stalled)
             return
@@ -297,8 +298,12 @@ class Executor:
         """The call ids of the decision's first group (one call, or the calls that run in
         parallel with it) when each is a plain send: a tool of this flow, needing no
         approval, and the lease allows a send now; else none. A crash point that names
-        the moment between the decision and a dispatch keeps the two commits apart."""
+        the moment between the decision and a dispatch keeps the two commits apart. So
+        does a failover: a turn from the run's ``failover_turn`` on may repeat keys a lost
+        timeline sent, and its calls go through recovery (docs/failover.md)."""
         if not payload or active.draining or time.monotonic() >= active.deadline:
+            return []
+        if active.failover_turn is not None and turn >= active.failover_turn:
             return []
         if self.crash.wants("after_record_turn", str(turn)):
             return []

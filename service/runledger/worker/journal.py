@@ -80,8 +80,16 @@ class LocalJournal:
         if at is not None:
             self.calls[at] = dataclasses.replace(self.calls[at], **changes)
 
-    def dispatched(self, key: str, attempt: int, token: int) -> None:
-        self._update(key, status=CallStatus.DISPATCHED, attempts=attempt, dispatched_token=token)
+    def dispatched(self, key: str, attempt: int, token: int, by: str = "") -> None:
+        # by: the dispatcher; any value but None says "dispatched on this timeline" to
+        # calls.suspect (docs/failover.md)
+        self._update(
+            key,
+            status=CallStatus.DISPATCHED,
+            attempts=attempt,
+            dispatched_token=token,
+            dispatched_by=by,
+        )
 
     def completed(self, key: str, outcome: Outcome, result: Any, receipt: Any, token: int) -> None:
         """What ``complete_call`` leaves, outcome by outcome (see docs/design.md)."""

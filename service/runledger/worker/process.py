@@ -318,7 +318,7 @@ class Worker:
                 sent = time.monotonic()
                 try:
                     # each run with its journal: nothing more is read after the claim
-                    runs = await self.store.claim_runs_v2(
+                    runs = await self.store.claim_runs_v3(
                         self.worker_id, sorted(self.flows), self.lease, free
                     )
                 except Exception:

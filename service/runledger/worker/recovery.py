@@ -3,6 +3,9 @@
 | window (what is known)               | recovery                                          |
 | ------------------------------------ | ------------------------------------------------- |
 | ``planned``: not sent                | send it with the persisted key                    |
+| ``planned``, but a failover may have | ``lookup`` and ``unsafe``: dispatched without a   |
+|   lost its dispatch (``suspect``)    | send, then recovered as in flight; the others     |
+|                                      | send with the same key (docs/failover.md)         |
 | ``in_flight``: sent, no response     | ``lookup`` asks; ``idempotent`` sends again with   |
 |   (found ``dispatched`` on recovery) | the same key; ``read_only`` reruns; ``unsafe``    |
 |                                      | cannot know: ``unknown`` and the run pauses       |
@@ -38,6 +41,7 @@ __all__ = [
     "Lookup",
     "MarkUnknown",
     "Pause",
+    "Probe",
     "Reuse",
     "Step",
     "ToolMissing",
@@ -98,6 +102,11 @@ class Known:
     lookup_error: dict[str, Any] | None = None  # the lookup's last exception
     reason: str | None = None  # NotApplied's reason
     retry: bool = False  # NotApplied(retry=True)
+    # planned, never dispatched on this timeline, of a run a failover affected: it may
+    # have been dispatched and sent on the timeline the failover lost
+    suspect: bool = False
+    # the call is suspect, or the failover marked it dispatched: says so when it pauses
+    failover: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +114,12 @@ class Dispatch:
     """``dispatch_call`` then invoke the tool, with the call's one key."""
 
     backoff: bool = False  # wait first: an earlier send of this holder failed
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """``dispatch_call`` without invoking the tool: the call may have been sent on a
+    timeline a failover lost, so from here on it is recovered as in flight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +167,9 @@ class ToolMissing:
     """A planned call of a tool this code does not have: fail the run, send nothing."""
 
 
-Step = Dispatch | Lookup | Complete | MarkUnknown | Pause | AwaitApproval | Reuse | ToolMissing
+Step = (
+    Dispatch | Probe | Lookup | Complete | MarkUnknown | Pause | AwaitApproval | Reuse | ToolMissing
+)
 
 
 def next_step(k: Known) -> Step:
@@ -175,6 +192,8 @@ def next_step(k: Known) -> Step:
         case Window.PLANNED:
             if k.safety is None:
                 return ToolMissing()
+            if k.suspect and k.safety in (Safety.LOOKUP, Safety.UNSAFE):
+                return Probe()  # idempotent, read_only: sending again with the key is safe
             return Dispatch(backoff=k.tries > 0)
         case Window.IN_FLIGHT:
             return _in_flight(k)
@@ -188,6 +207,8 @@ def _in_flight(k: Known) -> Step:
         return MarkUnknown({"reason": f"tool {k.tool} is not in this flow"})
     if k.safety is Safety.UNSAFE:
         why = "in flight when its worker stopped; unsafe to repeat"
+        if k.failover:
+            why = "may have been sent on the timeline a failover lost; unsafe to repeat"
         return MarkUnknown({"reason": why, "attempts": k.attempts})
     if k.safety is Safety.LOOKUP:
         asked = _ask(k)

@@ -56,6 +56,9 @@ class ActiveRun:
     journal: LocalJournal | None = field(default=None, repr=False)
     state_version: int = 0
     checkpoint_due: dict[str, Any] | None = None
+    # a failover affected the run: calls of this turn and later ones that were never
+    # dispatched on this timeline may have been sent on the lost one (docs/failover.md)
+    failover_turn: int | None = None
 
     @property
     def run_id(self) -> str:

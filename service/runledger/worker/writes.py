@@ -63,7 +63,9 @@ class Writes:
             ),
         )
         if active.journal is not None:
-            active.journal.dispatched(call.idempotency_key, attempt, c.fencing_token)
+            active.journal.dispatched(
+                call.idempotency_key, attempt, c.fencing_token, self.worker_id
+            )
         return attempt
 
     async def complete(
@@ -100,7 +102,9 @@ class Writes:
                 call.idempotency_key, outcome, result, receipt, c.fencing_token
             )
             if next_call is not None and attempt is not None:
-                active.journal.dispatched(next_call.idempotency_key, attempt, c.fencing_token)
+                active.journal.dispatched(
+                    next_call.idempotency_key, attempt, c.fencing_token, self.worker_id
+                )
         return attempt
 
     async def checkpoint_due(self, active: ActiveRun) -> None:

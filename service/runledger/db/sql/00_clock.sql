@@ -8,16 +8,18 @@
 --
 --   00_clock.sql     schema runledger; settings (one row: payload cap, test clock offset,
 --                    JSON depth limit); runledger.now(), the only clock
---   01_tables.sql    runs, run_turns, run_calls, run_events, workers, prune_authorizations;
---                    their indexes
+--   01_tables.sql    runs, run_turns, run_calls, run_events, workers, prune_authorizations,
+--                    timelines and failover_runs (failover, 0010); their indexes
 --   02_helpers.sql   internal helpers, granted to no one: _raise; _cap (every cap on a text
 --                    or array argument); checks (_check_run_id, _check_text,
 --                    _check_worker_id, _check_lease, _check_flow, _check_json_depth,
 --                    _check_json_*, _check_word, _parse_flows); _event (every event row);
---                    _notify_queued; locks (_lock_run, _lock_leased_run, _lock_call)
---   03_leases.sql    submit_run, claim_runs, claim_runs_v2, renew_leases, release_lease (3 and 5
+--                    _notify_queued; locks (_lock_run, _lock_leased_run, _lock_call);
+--                    timelines (_timeline, _token_floor)
+--   03_leases.sql    submit_run, _note_timeline (failover detection), claim_runs,
+--                    claim_runs_v2, claim_runs_v3, renew_leases, release_lease (3 and 5
 --                    arguments); worker registry: register_worker, heartbeat_worker,
---                    report_stale_write
+--                    report_stale_write; the timeline the schema is installed on
 --   04_journal.sql   checkpoint, record_turn, record_turn_v2, record_turn_v3, dispatch_call,
 --                    complete_call, complete_call_v2, finish_run
 --   05_operator.sql  resolve_call; approve_call, deny_call (human approval); cancel_run,

@@ -161,3 +161,43 @@ CREATE TABLE runledger.prune_authorizations (
     txid bigint NOT NULL,
     CONSTRAINT pk_prune_authorizations PRIMARY KEY (txid)
 );
+
+-- Revision 0010 (failover): the timelines this database was seen on, in the order the
+-- schema saw them (position 1: where it was installed or migrated to 0010). A row is
+-- added by the first claim that finds the server on another timeline than the last row
+-- says: a promotion (or a restore) that may have lost commits. It records what survived
+-- (the last event, the greatest token, the last commit replayed before the promotion) and
+-- how many unfinished runs were affected. See docs/failover.md.
+CREATE TABLE runledger.timelines (
+    position integer NOT NULL,
+    timeline integer NOT NULL,
+    previous_timeline integer,
+    seen_at timestamptz NOT NULL,
+    seen_by text,
+    last_replay_at timestamptz,
+    last_event_id bigint,
+    max_token bigint,
+    affected_runs integer NOT NULL DEFAULT 0,
+    CONSTRAINT pk_timelines PRIMARY KEY (position),
+    CONSTRAINT ck_timelines_timeline CHECK (timeline >= 1)
+);
+
+-- Revision 0010: each run that was unfinished when a failover was detected, as it was
+-- then. Calls of `turn` and later turns that were never dispatched on this timeline may
+-- still have been sent on the lost one: the worker recovers them by safety class before
+-- it sends them (docs/failover.md). marked_calls: planned calls that the detection marked
+-- dispatched (their dispatch may be lost).
+CREATE TABLE runledger.failover_runs (
+    run_id text NOT NULL,
+    position integer NOT NULL,
+    status text NOT NULL,
+    lease_owner text,
+    fencing_token bigint NOT NULL,
+    turn integer NOT NULL,
+    marked_calls text[] NOT NULL,
+    CONSTRAINT pk_failover_runs PRIMARY KEY (run_id, position),
+    CONSTRAINT fk_failover_runs_run_id_runs FOREIGN KEY (run_id)
+        REFERENCES runledger.runs (run_id) ON DELETE CASCADE,
+    CONSTRAINT fk_failover_runs_position_timelines FOREIGN KEY (position)
+        REFERENCES runledger.timelines (position)
+);

@@ -341,6 +341,17 @@ BEGIN
                    coalesce(r.lease_owner, 'nobody'), r.lease_expires_at, v_now),
             'renew leases more often than the lease length; the run will be claimed again');
     END IF;
+    -- Revision 0010: a lease is good only on the timeline that granted it. After a
+    -- promotion its token is at most the new timeline's floor (claims grant more), even
+    -- before a claim has recorded the failover and ended the old leases.
+    IF p_fencing_token <= runledger._token_floor() THEN
+        PERFORM runledger._raise('RL001',
+            format('lease lost on run %s: token %s was granted before a failover', p_run_id,
+                   p_fencing_token),
+            format('the server is on timeline %s; leases of this timeline have tokens over %s',
+                   runledger._timeline(), runledger._token_floor()),
+            'the database was promoted: drop the run, it will be claimed again');
+    END IF;
     RETURN r;
 END
 $$;
@@ -428,4 +439,27 @@ BEGIN
     END LOOP;
     RETURN v_attempts;
 END
+$$;
+
+-- -- timelines (revision 0010) ---------------------------------------------------------
+
+-- The server's timeline: that of the WAL it writes now, from the name of the current WAL
+-- file (a primary's new timeline shows there at once after a promotion, whereas
+-- pg_control_checkpoint() names it only after the next checkpoint). Fails on a standby
+-- (WAL control functions cannot run during recovery), as any write would. SQL, so that it
+-- is inlined where it is called.
+CREATE FUNCTION runledger._timeline() RETURNS integer
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer
+$$;
+
+-- The fencing tokens of timeline N are over (N - 1) << 32, and a claim grants
+-- greatest(token + 1, floor + 1): on timeline 1 tokens count 1, 2, ... as before, and
+-- every token granted on a later timeline exceeds every token of an earlier one, those a
+-- failover lost included (a run is claimed fewer than 2^32 times per timeline).
+CREATE FUNCTION runledger._token_floor() RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT (runledger._timeline() - 1)::bigint << 32
 $$;

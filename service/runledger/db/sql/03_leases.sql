@@ -52,6 +52,104 @@ BEGIN
 END
 $$;
 
+-- Revision 0010 (failover). The current timeline, recorded: when the server is on another
+-- timeline than the last one runledger.timelines names (a promoted standby, or a restore),
+-- the first claim to see it records the new timeline and, for every run that was not
+-- finished, what may have been lost with the commits of the old one (docs/failover.md):
+--   * a lease held then ends now (its holder may hold state that no longer exists here;
+--     its writes are refused anyway: its token is under the new timeline's floor);
+--   * a planned call (not awaiting approval) may have been dispatched and sent on the lost
+--     timeline: it is marked dispatched, so that whoever claims the run next recovers it
+--     by its safety class (lookup, same key, or unknown) instead of sending it as new;
+--   * the run is listed in runledger.failover_runs with the turn from which its calls are
+--     suspect, and gets a failover_detected event.
+-- Claims on the old timeline's leases wait for this transaction (the run rows are locked).
+-- An empty table (never seen) records the current timeline and nothing else.
+CREATE FUNCTION runledger._note_timeline(p_actor text, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_timeline integer := runledger._timeline();
+    v_last runledger.timelines;
+    v_position integer;
+    v_runs text[] := '{}';
+    v_run record;
+BEGIN
+    -- one detector at a time; the others find the row it wrote
+    LOCK TABLE runledger.timelines IN SHARE ROW EXCLUSIVE MODE;
+    SELECT * INTO v_last FROM runledger.timelines t ORDER BY t.position DESC LIMIT 1;
+    IF FOUND AND v_last.timeline = v_timeline THEN
+        RETURN;
+    END IF;
+    v_position := coalesce(v_last.position, 0) + 1;
+    IF v_last.position IS NOT NULL THEN
+        -- the unfinished runs, locked (in a fixed order) until the end of the claim
+        SELECT coalesce(array_agg(u.run_id ORDER BY u.run_id), '{}') INTO v_runs
+        FROM (SELECT r.run_id FROM runledger.runs r
+              WHERE r.status IN ('queued', 'running', 'paused')
+              ORDER BY r.run_id FOR NO KEY UPDATE) u;
+    END IF;
+    -- the table is append-only (the wall): the row is written whole, once
+    INSERT INTO runledger.timelines (position, timeline, previous_timeline, seen_at, seen_by,
+                                     last_replay_at, last_event_id, max_token, affected_runs)
+    VALUES (v_position, v_timeline, v_last.timeline, p_now, p_actor,
+            pg_last_xact_replay_timestamp(),
+            (SELECT max(e.event_id) FROM runledger.run_events e),
+            (SELECT max(r.fencing_token) FROM runledger.runs r), cardinality(v_runs));
+    IF v_last.position IS NULL THEN
+        RETURN;  -- the first timeline seen: nothing to compare with
+    END IF;
+
+    WITH affected AS (
+        SELECT r.run_id, r.status, r.lease_owner, r.fencing_token,
+               coalesce((SELECT max(t.turn) FROM runledger.run_turns t
+                         WHERE t.run_id = r.run_id), 0) AS turn
+        FROM runledger.runs r
+        WHERE r.run_id = ANY (v_runs)
+    ), marked AS (
+        UPDATE runledger.run_calls c
+        -- an attempt under the run's last surviving token: the dispatch that may be lost
+        SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = a.fencing_token,
+            dispatched_by = 'failover', dispatched_at = p_now
+        FROM affected a
+        WHERE c.run_id = a.run_id AND c.status = 'planned'
+          AND c.approval IS DISTINCT FROM 'pending'
+        RETURNING c.run_id, c.idempotency_key
+    ), ended AS (
+        UPDATE runledger.runs r
+        SET lease_expires_at = p_now, updated_at = p_now
+        FROM affected a
+        WHERE r.run_id = a.run_id AND r.status = 'running' AND r.lease_expires_at > p_now
+        RETURNING r.run_id
+    )
+    INSERT INTO runledger.failover_runs (run_id, position, status, lease_owner, fencing_token,
+                                         turn, marked_calls)
+    SELECT a.run_id, v_position, a.status, a.lease_owner, a.fencing_token, a.turn,
+           ARRAY(SELECT m.idempotency_key FROM marked m WHERE m.run_id = a.run_id
+                 ORDER BY m.idempotency_key)
+    FROM affected a
+    -- the lease UPDATE runs with the statement even where nothing reads it
+    LEFT JOIN (SELECT count(*) AS n FROM ended) e ON true;
+
+    FOR v_run IN
+        SELECT f.run_id, f.status, f.lease_owner, f.fencing_token, f.turn, f.marked_calls,
+               r.state_version
+        FROM runledger.failover_runs f JOIN runledger.runs r ON r.run_id = f.run_id
+        WHERE f.position = v_position
+    LOOP
+        PERFORM runledger._event(v_run.run_id, 'failover_detected', p_actor, NULL,
+            v_run.state_version,
+            jsonb_build_object('timeline', v_timeline, 'previous_timeline', v_last.timeline,
+                               'status', v_run.status, 'lease_owner', v_run.lease_owner,
+                               'fencing_token', v_run.fencing_token,
+                               'suspect_from_turn', v_run.turn,
+                               'marked_dispatched', to_jsonb(v_run.marked_calls),
+                               'last_replay_at', pg_last_xact_replay_timestamp()),
+            p_now);
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION runledger.claim_runs(p_worker_id text, p_flows text[], p_lease interval,
                                      p_max_runs int)
 RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
@@ -65,6 +163,8 @@ DECLARE
     v_now timestamptz := runledger.now();
     v_flows record;
     v_claim record;
+    v_timeline integer;
+    v_floor bigint;
 BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
     PERFORM runledger._check_lease(p_lease);
@@ -72,6 +172,13 @@ BEGIN
         PERFORM runledger._raise('RL006', 'max runs must be 0-10000', NULL, NULL);
     END IF;
     v_flows := runledger._parse_flows(p_flows);
+    -- failover (revision 0010): the token floor of this timeline, once it is recorded
+    v_timeline := runledger._timeline();
+    v_floor := (v_timeline - 1)::bigint << 32;  -- runledger._token_floor()
+    IF (SELECT t.timeline FROM runledger.timelines t ORDER BY t.position DESC LIMIT 1)
+       IS DISTINCT FROM v_timeline THEN
+        PERFORM runledger._note_timeline(p_worker_id, v_now);
+    END IF;
 
     -- Two index-ordered scans pick a few more ids than wanted (queued runs per pinned
     -- flow through ix_runs_claimable; expired leases through ix_runs_lease_expiry), so
@@ -110,7 +217,7 @@ BEGIN
     ), claimed AS (
         UPDATE runledger.runs r
         SET status = 'running',
-            fencing_token = r.fencing_token + 1,
+            fencing_token = greatest(r.fencing_token + 1, v_floor + 1),  -- revision 0010
             lease_id = gen_random_uuid(),
             lease_owner = p_worker_id,
             lease_expires_at = v_now + p_lease,
@@ -210,6 +317,56 @@ BEGIN
 END
 $$;
 
+-- claim_runs_v3 (revision 0010): claim_runs_v2, and with each run failover_turn: the
+-- earliest turn from which a failover (runledger.failover_runs) makes its never-dispatched
+-- calls suspect of having been sent on a lost timeline, NULL for a run no failover
+-- affected. claim_runs_v2's body with one more column in its per-run read (not a wrapper
+-- of it: a layer of RETURN NEXT and a statement per run less). claim_runs_v2 stays for
+-- workers of the previous release.
+CREATE FUNCTION runledger.claim_runs_v3(p_worker_id text, p_flows text[], p_lease interval,
+                                        p_max_runs int)
+RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
+               state_version bigint, fencing_token bigint, lease_id uuid,
+               lease_expires_at timestamptz, takeover boolean, stalled_claims integer,
+               turns json, calls json, failover_turn integer)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_claim record;
+BEGIN
+    -- each statement of the loop sees what claim_runs wrote (a later command)
+    FOR v_claim IN SELECT * FROM runledger.claim_runs(p_worker_id, p_flows, p_lease, p_max_runs)
+    LOOP
+        SELECT r.stalled_claims,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls,
+                                                              'record', t.record,
+                                                              'output', t.output)
+                                            ORDER BY t.turn), '[]'::json)
+                   FROM runledger.run_turns t WHERE t.run_id = r.run_id) END,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json)
+                   FROM runledger.run_calls c WHERE c.run_id = r.run_id) END,
+               (SELECT min(f.turn) FROM runledger.failover_runs f WHERE f.run_id = r.run_id)
+        INTO stalled_claims, turns, calls, failover_turn
+        FROM runledger.runs r WHERE r.run_id = v_claim.run_id;
+        run_id := v_claim.run_id;
+        flow := v_claim.flow;
+        flow_version := v_claim.flow_version;
+        input := v_claim.input;
+        state := v_claim.state;
+        state_version := v_claim.state_version;
+        fencing_token := v_claim.fencing_token;
+        lease_id := v_claim.lease_id;
+        lease_expires_at := v_claim.lease_expires_at;
+        takeover := v_claim.takeover;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION runledger.renew_leases(p_worker_id text, p_run_ids text[], p_lease_ids uuid[],
                                        p_lease interval)
 RETURNS TABLE (run_id text, lease_expires_at timestamptz)
@@ -221,6 +378,8 @@ DECLARE
     v_now timestamptz := runledger.now();
     v_row record;
     v_run_id text;
+    -- revision 0010: a lease of an earlier timeline is not renewed (its writes are refused)
+    v_floor bigint := runledger._token_floor();
 BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
     PERFORM runledger._check_lease(p_lease);
@@ -245,7 +404,7 @@ BEGIN
         -- lock in a fixed order so two renewals never wait on each other in a cycle
         SELECT l.run_id FROM runledger.runs l JOIN wanted w ON w.run_id = l.run_id
         WHERE l.lease_id = w.lease_id AND l.lease_owner = p_worker_id
-          AND l.status = 'running' AND l.lease_expires_at > v_now
+          AND l.status = 'running' AND l.lease_expires_at > v_now AND l.fencing_token > v_floor
         ORDER BY l.run_id
         FOR NO KEY UPDATE OF l
     ), renewed AS (
@@ -253,7 +412,7 @@ BEGIN
         SET lease_expires_at = v_now + p_lease
         FROM locked k JOIN wanted w ON w.run_id = k.run_id
         WHERE r.run_id = k.run_id AND r.lease_id = w.lease_id AND r.lease_owner = p_worker_id
-          AND r.status = 'running' AND r.lease_expires_at > v_now
+          AND r.status = 'running' AND r.lease_expires_at > v_now AND r.fencing_token > v_floor
         RETURNING r.run_id, r.lease_expires_at
     )
     SELECT n.run_id, n.lease_expires_at, true AS renewed, NULL::uuid AS lease_id,
@@ -436,3 +595,6 @@ BEGIN
     WHERE worker_id = p_worker_id;
 END
 $$;
+
+-- Revision 0010: the timeline the schema is installed on (position 1).
+SELECT runledger._note_timeline(NULL, runledger.now());

@@ -266,3 +266,48 @@ ALTER TABLE runledger.run_turns ENABLE ALWAYS TRIGGER tg_run_turns_no_truncate;
 CREATE TRIGGER tg_run_calls_no_truncate BEFORE TRUNCATE ON runledger.run_calls
     FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_truncate();
 ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_no_truncate;
+
+
+-- Revision 0010: the record of failovers. runledger.timelines is append-only and
+-- runledger.failover_runs too (its rows leave with their run, in prune_runs): without
+-- them a failover would be forgotten, and with it the doubt on the calls of its runs. Both
+-- are written only by their owner's code (the claim that detects a failover runs as the
+-- owner): SECURITY INVOKER, to see who writes, and RAISE directly, as for the pruning
+-- authorization (the writer may not execute _raise or _prune_authorized).
+CREATE FUNCTION runledger._guard_failover_record() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF NOT pg_has_role(current_user,
+                       (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+        RAISE EXCEPTION USING ERRCODE = 'RL007',
+            MESSAGE = format('%s is written only by runledger''s claims (%s refused for %s)',
+                             TG_TABLE_NAME, TG_OP, current_user);
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'failover_runs' THEN
+        IF runledger._prune_authorized() THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'RL007',
+        MESSAGE = format('%s is append-only (%s refused)', TG_TABLE_NAME, TG_OP),
+        HINT = 'failover_runs rows are removed with their run, by runledger.prune_runs';
+END
+$$;
+CREATE TRIGGER tg_timelines_guard BEFORE INSERT OR UPDATE OR DELETE ON runledger.timelines
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.timelines ENABLE ALWAYS TRIGGER tg_timelines_guard;
+CREATE TRIGGER tg_timelines_no_truncate BEFORE TRUNCATE ON runledger.timelines
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.timelines ENABLE ALWAYS TRIGGER tg_timelines_no_truncate;
+CREATE TRIGGER tg_failover_runs_guard BEFORE INSERT OR UPDATE OR DELETE
+    ON runledger.failover_runs
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.failover_runs ENABLE ALWAYS TRIGGER tg_failover_runs_guard;
+CREATE TRIGGER tg_failover_runs_no_truncate BEFORE TRUNCATE ON runledger.failover_runs
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.failover_runs ENABLE ALWAYS TRIGGER tg_failover_runs_no_truncate;

@@ -33,6 +33,7 @@ BEGIN
         GRANT USAGE ON SCHEMA runledger TO runledger_worker;
         GRANT SELECT ON runledger.runs, runledger.run_turns, runledger.run_calls,
                         runledger.run_events, runledger.workers, runledger.settings,
+                        runledger.timelines, runledger.failover_runs,
                         runledger.run_timeline, runledger.effect_ledger, runledger.lease_history
             TO runledger_worker;
         GRANT EXECUTE ON FUNCTION
@@ -40,6 +41,7 @@ BEGIN
             runledger.submit_run(text, text, text, jsonb, int, timestamptz),
             runledger.claim_runs(text, text[], interval, int),
             runledger.claim_runs_v2(text, text[], interval, int),
+            runledger.claim_runs_v3(text, text[], interval, int),
             runledger.renew_leases(text, text[], uuid[], interval),
             runledger.checkpoint(text, uuid, bigint, bigint, jsonb),
             runledger.record_turn(text, uuid, bigint, int, jsonb),
