@@ -23,6 +23,7 @@ CREATE INDEX ix_runs_lease_lock ON runledger.runs (lease_lock)
 -- free: one index descent per distinct key (ix_runs_lease_lock), one try per key. The
 -- try takes the free lock for the rest of the caller's transaction, so a key stays free
 -- until the caller commits. Keys of live sessions are held: the try fails, nothing kept.
+-- The calling session's own key is left out: its try would succeed (it holds the lock).
 -- See docs/leases.md for why this is safe (the worker fences itself first).
 CREATE FUNCTION runledger._gone_sessions()
 RETURNS bigint[]
@@ -41,7 +42,10 @@ AS $$
         SELECT k.key FROM k WHERE k.key IS NOT NULL LIMIT 1024
     )
     SELECT coalesce(array_agg(keys.key), '{}') FROM keys
-    WHERE pg_catalog.pg_try_advisory_xact_lock(keys.key)
+    -- not the calling session's own key (a session may take a lock it holds again)
+    WHERE keys.key IS DISTINCT FROM
+              nullif(pg_catalog.current_setting('runledger.session_lock', true), '')::bigint
+      AND pg_catalog.pg_try_advisory_xact_lock(keys.key)
 $$;
 
 CREATE OR REPLACE FUNCTION runledger.claim_runs(p_worker_id text, p_flows text[], p_lease interval,
@@ -277,6 +281,9 @@ BEGIN
             v_key := ('x' || translate(gen_random_uuid()::text, '-', ''))::bit(64)::bigint;
             EXIT WHEN pg_try_advisory_lock(v_key);
         END LOOP;
+        -- the session's own key, which _gone_sessions leaves out (a client can only hide
+        -- a key from itself with this setting, never make a held one look free)
+        PERFORM set_config('runledger.session_lock', v_key::text, false);
     END IF;
     PERFORM runledger._register_worker(p_worker_id, p_hostname, p_pid, p_flows, v_key);
     session_lock := v_key;
