@@ -34,6 +34,7 @@ import concurrent.futures
 import contextlib
 import datetime as dt
 import logging
+import math
 import os
 import signal
 import socket
@@ -52,6 +53,7 @@ from runledger.worker import listener
 from runledger.worker.crash import CrashPoints
 from runledger.worker.executor import ActiveRun, Executor, Limits
 from runledger.worker.listener import ListenerSession
+from runledger.worker.runs import Vouch
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +158,7 @@ class Worker:
         self._listening = False
         self._locked = False
         self._listener_deadline: float | None = None
+        self._vouch = Vouch()  # the same deadline, as every held run sees it
         self._generation = 0
         self._warned_untrusted = False
 
@@ -352,7 +355,10 @@ class Worker:
                     runs = []
                 for run, loaded in runs:
                     active = ActiveRun(
-                        claim=run, deadline=sent + self.lease_seconds - self.margin, loaded=loaded
+                        claim=run,
+                        deadline=sent + self.lease_seconds - self.margin,
+                        loaded=loaded,
+                        vouch=self._vouch,
                     )
                     self.active[run.run_id] = active
                     active.task = asyncio.create_task(
@@ -505,6 +511,9 @@ class Worker:
         self._locked = session.lock_key is not None
         # the registration vouches for the session as a heartbeat does
         self._listener_deadline = sent + listener.BUDGET if self._locked else None
+        # a new vouch for the runs claimed from now on; those of an earlier session keep
+        # theirs, spent when that session was lost
+        self._vouch = Vouch(self._listener_deadline or math.inf)
         self.wake.set()  # catch up on what was submitted while we were away
 
     def _listener_lost(self, why: str) -> None:
@@ -515,6 +524,8 @@ class Worker:
         self._generation += 1
         self._listening = False
         self._listener_deadline = None
+        if self._locked:
+            self._vouch.until = 0.0  # nothing more is sent under these leases
         if not self._locked:
             log.warning(
                 "listener lost, polling meanwhile: %s", why, extra={"worker_id": self.worker_id}
@@ -562,7 +573,7 @@ class Worker:
             if not self._listening:  # the watchdog gave up on this session meanwhile
                 raise ConnectionError("the listener heartbeat missed its budget")
             if self._locked:
-                self._listener_deadline = sent + listener.BUDGET
+                self._listener_deadline = self._vouch.until = sent + listener.BUDGET
             if due:
                 self.wake.set()
             async for payload in listener.notifications(session, listener.HEARTBEAT):
