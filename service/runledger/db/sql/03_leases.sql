@@ -64,25 +64,29 @@ $$;
 -- See docs/leases.md for why this is safe (the worker fences itself first).
 CREATE FUNCTION runledger._gone_sessions()
 RETURNS bigint[]
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 AS $$
-    WITH RECURSIVE k(key) AS (
-        (SELECT r.lease_lock FROM runledger.runs r
-         WHERE r.status = 'running' AND r.lease_lock IS NOT NULL
-         ORDER BY r.lease_lock LIMIT 1)
-        UNION ALL
-        SELECT (SELECT r.lease_lock FROM runledger.runs r
-                WHERE r.status = 'running' AND r.lease_lock > k.key
-                ORDER BY r.lease_lock LIMIT 1)
-        FROM k WHERE k.key IS NOT NULL
-    ), keys AS (
-        SELECT k.key FROM k WHERE k.key IS NOT NULL LIMIT 1024
-    )
-    SELECT coalesce(array_agg(keys.key), '{}') FROM keys
-    -- not the calling session's own key (a session may take a lock it holds again)
-    WHERE keys.key IS DISTINCT FROM
-              nullif(pg_catalog.current_setting('runledger.session_lock', true), '')::bigint
-      AND pg_catalog.pg_try_advisory_xact_lock(keys.key)
+BEGIN
+    -- PL/pgSQL, not SQL: its plan is cached for the session (a SQL function's is not)
+    RETURN (
+        WITH RECURSIVE k(key) AS (
+            (SELECT r.lease_lock FROM runledger.runs r
+             WHERE r.status = 'running' AND r.lease_lock IS NOT NULL
+             ORDER BY r.lease_lock LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.lease_lock FROM runledger.runs r
+                    WHERE r.status = 'running' AND r.lease_lock > k.key
+                    ORDER BY r.lease_lock LIMIT 1)
+            FROM k WHERE k.key IS NOT NULL
+        ), keys AS (
+            SELECT k.key FROM k WHERE k.key IS NOT NULL LIMIT 1024
+        )
+        SELECT coalesce(array_agg(keys.key), '{}') FROM keys
+        -- not the calling session's own key (a session may take a lock it holds again)
+        WHERE keys.key IS DISTINCT FROM
+                  nullif(pg_catalog.current_setting('runledger.session_lock', true), '')::bigint
+          AND pg_catalog.pg_try_advisory_xact_lock(keys.key));
+END
 $$;
 
 CREATE FUNCTION runledger.claim_runs(p_worker_id text, p_flows text[], p_lease interval,
