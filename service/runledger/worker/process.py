@@ -34,7 +34,6 @@ import concurrent.futures
 import contextlib
 import datetime as dt
 import logging
-import math
 import os
 import signal
 import socket
@@ -53,44 +52,32 @@ from runledger.worker import listener
 from runledger.worker.crash import CrashPoints
 from runledger.worker.executor import ActiveRun, Executor, Limits
 from runledger.worker.listener import ListenerSession
-from runledger.worker.runs import Vouch
+from runledger.worker.listening import (
+    EXPECTED,
+    REGISTER_PATIENCE,
+    WORKER_CONFLICT,
+    Listening,
+    WorkerIdTaken,
+    conflict_message,
+    is_worker_conflict,
+)
 
 log = logging.getLogger(__name__)
 
 CHANNEL = listener.CHANNEL
 
-# what a helper task survives and retries: the database refused, went away or was slow
-EXPECTED = (errors.RunLedgerError, psycopg.Error, OSError, TimeoutError)
-
-WORKER_CONFLICT = "RL008"  # runledger.errors.WorkerConflict
-# how long a refused registration is retried: the backend of a predecessor that was just
-# SIGKILLed with this id may take a moment to notice and exit
-REGISTER_PATIENCE = 5.0
-
-
-def is_worker_conflict(exc: BaseException) -> bool:
-    """The database refused the registration: another live session holds the worker id.
-    (``WorkerConflict`` once mapped by the store; the driver's error until then.)"""
-    return getattr(exc, "sqlstate", None) == WORKER_CONFLICT
-
-
-def conflict_message(worker_id: str, exc: BaseException) -> str:
-    """One line for a refused worker id."""
-    said = (
-        getattr(exc, "message", None)
-        or getattr(getattr(exc, "diag", None), "message_primary", None)
-        or str(exc)
-    )
-    first = str(said).splitlines()[0] if str(said).strip() else "refused"
-    return (
-        f"worker id {worker_id!r} is in use by another live worker ({first}): stop that "
-        "worker or start this one with another --worker-id"
-    )
-
-
-class WorkerIdTaken(RuntimeError):
-    """Registering again after the listener reconnected was refused: another live worker
-    took this worker id while we were cut off."""
+__all__ = [
+    "CHANNEL",
+    "EXPECTED",
+    "REGISTER_PATIENCE",
+    "WORKER_CONFLICT",
+    "Worker",
+    "WorkerFailed",
+    "WorkerIdTaken",
+    "conflict_message",
+    "default_worker_id",
+    "is_worker_conflict",
+]
 
 
 class WorkerFailed(RuntimeError):
@@ -113,7 +100,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-class Worker:
+class Worker(Listening):
     def __init__(
         self,
         *,
@@ -151,16 +138,7 @@ class Worker:
         self._signals = 0
         self.store: Store | None = None
         self.executor: Executor
-        # the listener session (docs/leases.md): whether session locks are wanted, whether
-        # the current session is up and holds one, until when its last heartbeat vouches
-        # for it, and a generation that moves whenever it comes up or goes down
-        self.session_locks = session_locks
-        self._listening = False
-        self._locked = False
-        self._listener_deadline: float | None = None
-        self._vouch = Vouch()  # the same deadline, as every held run sees it
-        self._generation = 0
-        self._warned_untrusted = False
+        self._init_listening(session_locks)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -456,126 +434,3 @@ class Worker:
         )
         if active.task is not None and not active.task.done():
             active.task.cancel()
-
-    # -- listener ------------------------------------------------------------------------
-
-    async def _open_listener(self, store: Store) -> ListenerSession:
-        """A new listener session: registered on (the registration is this session's,
-        with a session lock where it is trusted) and listening."""
-        session = await listener.open_session(
-            self.database_url,
-            store,
-            worker_id=self.worker_id,
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            flows=sorted(self.flows),
-            session_locks=self.session_locks,
-        )
-        if session.untrusted is not None and self.session_locks and not self._warned_untrusted:
-            self._warned_untrusted = True  # once: it is the deployment, not an event
-            log.warning(
-                "no session lock: a dead worker's runs are taken over on lease expiry only (%s)",
-                session.untrusted,
-                extra={"worker_id": self.worker_id},
-            )
-        return session
-
-    async def _register(self, store: Store) -> ListenerSession:
-        """Open the listener and register on it; a refused worker id is retried for up to
-        ``REGISTER_PATIENCE`` s (a predecessor's backend may still be exiting), then
-        raised."""
-        deadline = time.monotonic() + REGISTER_PATIENCE
-        delay = 0.1
-        while True:
-            sent = time.monotonic()
-            try:
-                session = await self._open_listener(store)
-            except Exception as exc:
-                if not is_worker_conflict(exc) or time.monotonic() + delay > deadline:
-                    raise
-                if delay == 0.1:  # one line, not one per attempt
-                    log.warning(
-                        "worker id in use by a live session; retrying for up to %.0f s",
-                        REGISTER_PATIENCE,
-                        extra={"worker_id": self.worker_id},
-                    )
-            else:
-                self._listener_up(session, sent)
-                return session
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-    def _listener_up(self, session: ListenerSession, sent: float) -> None:
-        self._generation += 1
-        self._listening = True
-        self._locked = session.lock_key is not None
-        # the registration vouches for the session as a heartbeat does
-        self._listener_deadline = sent + listener.BUDGET if self._locked else None
-        # a new vouch for the runs claimed from now on; those of an earlier session keep
-        # theirs, spent when that session was lost
-        self._vouch = Vouch(self._listener_deadline or math.inf)
-        self.wake.set()  # catch up on what was submitted while we were away
-
-    def _listener_lost(self, why: str) -> None:
-        """The listener session is gone or may be: with a session lock, every run stops
-        now (the server may free the lock soon, and another worker take the runs over)."""
-        if not self._listening:
-            return
-        self._generation += 1
-        self._listening = False
-        self._listener_deadline = None
-        if self._locked:
-            self._vouch.until = 0.0  # nothing more is sent under these leases
-        if not self._locked:
-            log.warning(
-                "listener lost, polling meanwhile: %s", why, extra={"worker_id": self.worker_id}
-            )
-            return
-        log.warning(
-            "listener lost: %s; fencing every run",
-            why,
-            extra={"worker_id": self.worker_id, "runs": sorted(self.active)},
-        )
-        for a in list(self.active.values()):
-            a.deadline = 0.0  # nothing more is sent under these leases
-            self._fence(a, "the listener session was lost")
-
-    async def _listener(self, session: ListenerSession | None) -> None:
-        assert self.store is not None
-        delay = 0.1
-        while True:
-            try:
-                if session is None:
-                    try:
-                        session = await self._register(self.store)
-                    except Exception as exc:
-                        if is_worker_conflict(exc):
-                            raise WorkerIdTaken(conflict_message(self.worker_id, exc)) from exc
-                        raise
-                async with session.conn:
-                    delay = 0.1
-                    await self._serve(session)
-            except EXPECTED as exc:
-                self._listener_lost(repr(exc))
-            session = None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
-    async def _serve(self, session: ListenerSession) -> None:
-        """Heartbeats and notifications on the listener, until it fails. The watchdog
-        fences on the heartbeat's budget; this only says when the session is done."""
-        assert self.store is not None
-        while True:
-            sent = time.monotonic()
-            due = await asyncio.wait_for(
-                listener.heartbeat(session, self.store, self.worker_id), timeout=listener.BUDGET
-            )
-            if not self._listening:  # the watchdog gave up on this session meanwhile
-                raise ConnectionError("the listener heartbeat missed its budget")
-            if self._locked:
-                self._listener_deadline = self._vouch.until = sent + listener.BUDGET
-            if due:
-                self.wake.set()
-            async for payload in listener.notifications(session, listener.HEARTBEAT):
-                if payload in self.flows:
-                    self.wake.set()
