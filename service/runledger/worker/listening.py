@@ -150,13 +150,12 @@ class Listening:
         self._generation += 1
         self._listening = False
         self._listener_deadline = None
-        if self._locked:
-            self._vouch.until = 0.0  # nothing more is sent under these leases
         if not self._locked:
             log.warning(
                 "listener lost, polling meanwhile: %s", why, extra={"worker_id": self.worker_id}
             )
             return
+        self._vouch.until = 0.0  # nothing more is sent under these leases
         log.warning(
             "listener lost: %s; fencing every run",
             why,
@@ -193,9 +192,10 @@ class Listening:
         assert self.store is not None
         while True:
             sent = time.monotonic()
-            due = await asyncio.wait_for(
-                listener.heartbeat(session, self.store, self.worker_id), timeout=listener.BUDGET
-            )
+            # asyncio.timeout, not wait_for: on 3.11, wait_for returns the result of an
+            # operation that completed as the task was cancelled, swallowing the cancel
+            async with asyncio.timeout(listener.BUDGET):
+                due = await listener.heartbeat(session, self.store, self.worker_id)
             if not self._listening:  # the watchdog gave up on this session meanwhile
                 raise ConnectionError("the listener heartbeat missed its budget")
             if self._locked:
