@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,9 @@ class ListenerSession:
     backend_pid: int
     lock_key: int | None  # the session lock's key; None: no lock (lease expiry only)
     untrusted: str | None  # why there is no lock, when there is none
+    # when (monotonic) its last statement was sent, answered: the server heard from us
+    # then, as after a heartbeat
+    vouched_at: float
 
 
 def _local_port(conn: psycopg.AsyncConnection[Any]) -> int | None:
@@ -166,11 +170,14 @@ async def open_session(
                 key, backend = await store.register_worker_v2_on(
                     conn, worker_id, hostname, pid, flows, session_lock=False
                 )
+        vouched_at = time.monotonic()
         await conn.execute(f"LISTEN {CHANNEL}")
     except BaseException:
         await conn.close()
         raise
-    return ListenerSession(conn=conn, backend_pid=backend, lock_key=key, untrusted=untrusted)
+    return ListenerSession(
+        conn=conn, backend_pid=backend, lock_key=key, untrusted=untrusted, vouched_at=vouched_at
+    )
 
 
 async def heartbeat(session: ListenerSession, store: Store, worker_id: str) -> bool:

@@ -113,7 +113,6 @@ class Listening:
         deadline = time.monotonic() + REGISTER_PATIENCE
         delay = 0.1
         while True:
-            sent = time.monotonic()
             try:
                 session = await self._open_listener(store)
             except Exception as exc:
@@ -126,17 +125,19 @@ class Listening:
                         extra={"worker_id": self.worker_id},
                     )
             else:
-                self._listener_up(session, sent)
+                self._listener_up(session)
                 return session
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    def _listener_up(self, session: ListenerSession, sent: float) -> None:
+    def _listener_up(self, session: ListenerSession) -> None:
         self._generation += 1
         self._listening = True
         self._locked = session.lock_key is not None
-        # the registration vouches for the session as a heartbeat does
-        self._listener_deadline = sent + listener.BUDGET if self._locked else None
+        # the registration's last statement vouches for the session as a heartbeat does
+        # (counting from before the connect would fence a worker whose connection setup
+        # took longer than the budget, again and again)
+        self._listener_deadline = session.vouched_at + listener.BUDGET if self._locked else None
         # a new vouch for the runs claimed from now on; those of an earlier session keep
         # theirs, spent when that session was lost
         self._vouch = Vouch(self._listener_deadline or math.inf)
