@@ -139,8 +139,8 @@ def wait_ready(
                 SELECT EXISTS (
                     SELECT 1 FROM pg_stat_activity a
                     WHERE a.application_name = left('runledger-listener:' || w.worker_id, 63)
-                      AND a.backend_start >= w.started_at
-                      AND a.query ILIKE 'LISTEN%%')
+                      AND a.pid = w.session_pid  -- the session it registered on
+                      AND (a.query ILIKE 'LISTEN%%' OR a.query LIKE '%%heartbeat_listener%%'))
                 FROM runledger.workers w
                 WHERE w.worker_id = %s AND w.pid = %s AND w.stopped_at IS NULL
                 """,

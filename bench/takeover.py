@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/takeover.py                        # leases 2, 5, 10 s; 5 reps each
     .venv/bin/python bench/takeover.py --leases 2,5 --reps 3
+    .venv/bin/python bench/takeover.py --leases 30 --poll-seconds 2   # the default settings
 
 Two worker processes, both with ``--lease-seconds L --poll-seconds 0.5`` (the poll interval
 of the worker that takes over is what matters; both have it because either may be the one
@@ -20,9 +21,13 @@ that claims). Per repetition:
 5. SIGKILL the holder, then at once ``SELECT runledger.now()`` (the kill time on the
    database clock) together with the run's ``lease_expires_at``;
 6. wait for the ``takeover`` row in ``runledger.lease_history``; its ``at`` minus the kill
-   time is the number reported. It splits into the lease time left at the kill
-   (``lease_expires_at - kill``) and the lag after expiry (``takeover - lease_expires_at``,
-   which is the poll interval plus the claim itself);
+   time is the number reported. The takeover event says why the run could be taken
+   (``holder``): ``session_ended`` when the killed worker's listener session ended and
+   freed its session lock (revision 0011: the other worker's listener heartbeat, every
+   0.5 s, sees it and claims), ``expired`` when the lease ran out first (a worker without
+   a session lock). Beside it: the lease time left at the kill
+   (``lease_expires_at - kill``) and the lag after expiry (``takeover -
+   lease_expires_at``: negative for a takeover before the lease expired);
 7. open the gate so the new holder's repeated call (same idempotency key) completes, check
    the run succeeded with exactly one effect at the provider, restart the killed worker.
 
@@ -37,6 +42,7 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +72,7 @@ class Sample:
     total: float  # takeover - kill
     left: float  # lease_expires_at - kill
     lag: float  # takeover - lease_expires_at
+    holder: str  # why the run could be taken: session_ended | expired
 
 
 def one(
@@ -119,12 +126,13 @@ def one(
 
     def taken() -> Any:
         return conn.execute(
-            "SELECT at, worker_id, previous_owner FROM runledger.lease_history "
-            "WHERE run_id = %s AND kind = 'takeover' ORDER BY event_id LIMIT 1",
+            "SELECT h.at, h.worker_id, h.previous_owner, e.detail ->> 'holder' "
+            "FROM runledger.lease_history h JOIN runledger.run_events e USING (event_id) "
+            "WHERE h.run_id = %s AND h.kind = 'takeover' ORDER BY h.event_id LIMIT 1",
             (run_id,),
         ).fetchone()
 
-    took_at, taker, previous = wait_for(
+    took_at, taker, previous, holder_why = wait_for(
         taken, timeout=lease + 30, interval=0.01, what=f"takeover of {run_id}"
     )
     if previous != holder or taker == holder:
@@ -150,6 +158,7 @@ def one(
         total=(took_at - killed_at).total_seconds(),
         left=(expires_at - killed_at).total_seconds(),
         lag=(took_at - expires_at).total_seconds(),
+        holder=holder_why or "expired",
     )
 
 
@@ -203,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                     say(
                         f"lease {lease:g} s rep {rep + 1}/{args.reps}: takeover after "
                         f"{s.total:.2f} s (lease left at kill {s.left:.2f} s, "
-                        f"then {s.lag:.2f} s)"
+                        f"then {s.lag:.2f} s; holder {s.holder})"
                     )
                     samples.append(s)
             finally:
@@ -224,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 "{:.2f} / {:.2f} / {:.2f}".format(*summary(left)),
                 "{:.2f} / {:.2f} / {:.2f}".format(*summary(lag)),
                 f"{statistics.median(t) / lease:.2f}",
+                ", ".join(f"{k} {v}" for k, v in sorted(Counter(s.holder for s in mine).items())),
             ]
         )
     print()
@@ -242,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 "lease left at kill (min/med/max)",
                 "after expiry (min/med/max)",
                 "median / lease",
+                "taken because",
             ],
             rows,
         )
@@ -250,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "takeover = lease_history 'takeover' at - runledger.now() read right after SIGKILL; "
         "lease left = the run's lease_expires_at - kill; after expiry = takeover - "
-        "lease_expires_at (the taker's poll interval plus its claim)."
+        "lease_expires_at (negative: taken before the lease expired); taken because = the "
+        "takeover event's holder (session_ended: the holder's session lock was free)."
     )
     say(f"total {time.monotonic() - started:.0f} s")
     return 0

@@ -85,11 +85,15 @@ def setting_option(name: str, *, help: str | None = None) -> Callable[[F], F]:
         "help": help or field.description,
         "default": field.default,
     }
+    long = "--" + name.replace("_", "-")
+    if field.annotation is bool and field.default is True:  # on unless turned off
+        envvar = kwargs.pop("envvar")
+        return _opt(f"{long}/--no-{long[2:]}", name, envvar=envvar, **kwargs)
     if field.annotation is bool:
         kwargs["is_flag"] = True
     else:
         kwargs["type"] = _setting_type(name)
-    return _opt("--" + name.replace("_", "-"), name, **kwargs)
+    return _opt(long, name, **kwargs)
 
 
 WORKER_SETTINGS: tuple[str, ...] = tuple(Settings.model_fields)

@@ -106,6 +106,12 @@ class Settings(ConnectionSettings):
         description="Default tool timeout in seconds (a timeout is ambiguous).",
     )
     policy_timeout: float = Field(default=300.0, ge=0.01, description="Policy timeout in seconds.")
+    session_locks: bool = Field(
+        default=True,
+        description="Hold a session lock on the listener connection, so that the runs of "
+        "a worker that died are taken over at once, not when their leases expire (off "
+        "behind a pooler that does not keep sessions; see docs/leases.md).",
+    )
     log_json: bool = Field(default=False, description="JSON log lines on stderr.")
     log_level: LogLevel = Field(default="INFO", description="Log level.")
 

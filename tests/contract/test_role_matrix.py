@@ -374,6 +374,8 @@ WORKER_FUNCTIONS = {
     "release_lease",
     "report_stale_write",
     "register_worker",
+    "register_worker_v2",
+    "heartbeat_listener",
     "heartbeat_worker",
 }
 OPERATOR_FUNCTIONS = {

@@ -261,6 +261,22 @@ CONTRACT: list[Fn] = [
         ],
         "void",
     ),
+    Fn(  # revision 0011: register, holding a session lock under a fresh key
+        "register_worker_v2",
+        [
+            ("p_worker_id", "text"),
+            ("p_hostname", "text"),
+            ("p_pid", "integer"),
+            ("p_flows", "text[]"),
+            ("p_session_lock", "boolean"),
+        ],
+        [("session_lock", "bigint"), ("session_pid", "integer")],
+    ),
+    Fn(  # revision 0011: the listener's heartbeat
+        "heartbeat_listener",
+        [("p_worker_id", "text")],
+        [("session_pid", "integer"), ("takeover_due", "boolean")],
+    ),
     Fn(
         "resolve_call",
         [
@@ -431,6 +447,8 @@ UNPINNED = {
     "runledger._requeue_if_settled(runledger.runs,text,text,timestamp with time zone)",
     "runledger._lock_awaiting_call(text)",
     "runledger._prune_authorized()",
+    "runledger._gone_sessions()",  # revision 0011
+    "runledger._register_worker(text,text,integer,text[],bigint)",  # revision 0011
 }
 
 

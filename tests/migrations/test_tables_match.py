@@ -173,4 +173,8 @@ def test_catalog_holds_the_named_invariants(database_url: str) -> None:
     partial = {
         name: definition for _, name, definition in got["indexes"] if " WHERE " in definition
     }
-    assert set(partial) == {"ix_runs_claimable", "ix_runs_lease_expiry"}
+    assert set(partial) == {
+        "ix_runs_claimable",
+        "ix_runs_lease_expiry",
+        "ix_runs_lease_lock",  # revision 0011
+    }

@@ -37,7 +37,8 @@ def test_holder_is_the_worker_whose_id_holds_the_lease(
         "SELECT * FROM runledger.submit_run('held', 'scripted', '1', %s)",
         (Jsonb({"plan": [[{"tool": "ticket", "args": {"gate": "g1"}}]]}),),
     )
-    workers.start(2)
+    # without session locks: the dead worker's run stays its own until the lease expires
+    workers.start(2, args=["--no-session-locks"])
     provider.client.wait_for_held("g1")
     row = admin_conn.execute("SELECT lease_owner FROM runledger.runs WHERE run_id = 'held'")
     (owner,) = row.fetchone() or (None,)

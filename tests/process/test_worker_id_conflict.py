@@ -68,9 +68,9 @@ def test_a_worker_whose_id_was_taken_while_its_listener_was_away_stops(
     listener = wait_for(
         lambda: admin_conn.execute(
             # started: registered on its listener, which now LISTENs (a cut before that is a
-            # failed start, exit 3, not the conflict this test is about)
+            # failed start, exit 3, not the conflict this test is about) and heartbeats
             "SELECT pid FROM pg_stat_activity WHERE application_name = 'runledger-listener:w0'"
-            " AND query = 'LISTEN runledger_runs'"
+            " AND (query = 'LISTEN runledger_runs' OR query LIKE '%%heartbeat_listener%%')"
         ).fetchone(),
         what="w0's listener listening",
     )[0]

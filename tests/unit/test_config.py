@@ -152,6 +152,7 @@ NON_DEFAULT = {
     "max_stalled_claims": "3",
     "tool_timeout": "4.5",
     "policy_timeout": "6.5",
+    "session_locks": "false",
     "log_json": "true",
     "log_level": "DEBUG",
 }

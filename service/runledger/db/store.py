@@ -366,5 +366,50 @@ class Store(FastPath):
                 raise mapped from exc
             raise
 
+    async def register_worker_v2_on(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        worker_id: str,
+        hostname: str,
+        pid: int,
+        flows: Sequence[str],
+        *,
+        session_lock: bool,
+    ) -> tuple[int | None, int]:
+        """``register_worker_v2`` on ``conn`` (as :meth:`register_worker_on`); with
+        ``session_lock`` the session takes a session-level advisory lock under a fresh key.
+        Returns the key (None without one) and the session's backend pid."""
+        check_text("worker id", worker_id)
+        check_text("hostname", hostname)
+        for f in flows:
+            check_text("flow", f)
+        try:
+            cur = await conn.execute(
+                "SELECT session_lock, session_pid FROM runledger.register_worker_v2"
+                "(%s, %s, %s, %s::text[], %s)",
+                (worker_id, hostname, pid, list(flows), session_lock),
+            )
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            mapped = map_error(exc)
+            if mapped is not None:
+                raise mapped from exc
+            raise
+        assert row is not None
+        key, backend = row[0], row[1]
+        return (None if key is None else int(key)), int(backend)
+
+    async def heartbeat_listener_on(
+        self, conn: psycopg.AsyncConnection[Any], worker_id: str
+    ) -> tuple[int, bool]:
+        """``heartbeat_listener`` on ``conn``: the backend pid that answered and whether a
+        run of the worker's flows waits, held by a session that ended. Not retried."""
+        cur = await conn.execute(
+            "SELECT session_pid, takeover_due FROM runledger.heartbeat_listener(%s)", (worker_id,)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), bool(row[1])
+
     async def heartbeat_worker(self, worker_id: str, *, stopped: bool = False) -> None:
         await self._read("SELECT runledger.heartbeat_worker(%s, %s)", (worker_id, stopped))

@@ -94,6 +94,8 @@ runs: Final = Table(
     Column("created_at", _tstz(), nullable=False),
     Column("updated_at", _tstz(), nullable=False),
     Column("finished_at", _tstz(), nullable=True),
+    # 0011: the session lock of the holder's listener (claim_runs stamps it; NULL: none)
+    Column("lease_lock", BigInteger, nullable=True),
     PrimaryKeyConstraint("run_id"),
     CheckConstraint(f"run_id ~ '{RUN_ID_PATTERN}'", name="run_id"),
     CheckConstraint(_in("status", RUN_STATUSES), name="status"),
@@ -119,6 +121,11 @@ Index(
     "ix_runs_lease_expiry",
     runs.c.lease_expires_at,
     postgresql_where=runs.c.status == "running",
+)
+Index(
+    "ix_runs_lease_lock",
+    runs.c.lease_lock,
+    postgresql_where=(runs.c.status == "running") & runs.c.lease_lock.isnot(None),
 )
 
 run_turns: Final = Table(
@@ -227,6 +234,8 @@ workers: Final = Table(
     # session while this one is alive
     Column("session_pid", Integer, nullable=True),
     Column("session_started_at", _tstz(), nullable=True),
+    # 0011: the key of the session lock the registering session holds (register_worker_v2)
+    Column("session_lock", BigInteger, nullable=True),
     PrimaryKeyConstraint("worker_id"),
 )
 

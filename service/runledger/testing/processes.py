@@ -50,12 +50,12 @@ class ProviderProcess:
     skips importing runledger (a second off every test that starts one).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
             "w+", prefix="runledger-provider-", delete=False
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-I", str(PROVIDER_SCRIPT), "--port", "0"],
+            [sys.executable, "-u", "-I", str(PROVIDER_SCRIPT), "--host", host, "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,

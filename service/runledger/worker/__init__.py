@@ -53,6 +53,7 @@ def worker_from_settings(settings: Settings, flows: Sequence[Flow]) -> Worker:
         poll_seconds=settings.poll_seconds,
         grace_seconds=settings.grace_seconds,
         limits=limits_from_settings(settings),
+        session_locks=settings.session_locks,
     )
 
 

@@ -60,7 +60,11 @@ def suspect(active: ActiveRun, call: Call) -> bool:
 
 
 def check_deadline(active: ActiveRun) -> None:
-    if time.monotonic() >= active.deadline:
+    """The lease's local deadline, and the listener's: with a session lock, nothing is
+    sent once the listener's last heartbeat is older than its budget, even before the
+    watchdog has fenced the run (an event loop that was held up)."""
+    now = time.monotonic()
+    if now >= active.deadline or now >= active.vouch.until:
         raise LocalLeaseExpired(active.run_id)
 
 

@@ -7,10 +7,16 @@
   is measured from when the renew request was *sent*, minus a margin, so the worker
   stops trusting a lease before the database does;
 - listener: its own long-lived connection, which LISTENs and is also the one the
-  worker registers on (``register_worker``), so the registration lives exactly as long
-  as that session: the database refuses a second live worker with the same id
-  (RL008). When the connection dies, polling goes on and it reconnects and registers
-  again; if the id was taken meanwhile, the worker stops (every run fenced);
+  worker registers on (``register_worker_v2``), so the registration lives exactly as
+  long as that session: the database refuses a second live worker with the same id
+  (RL008). Where the session is the worker's own, it holds a session lock that claims
+  stamp on the runs: when the session ends, other workers take the runs over at once
+  (:mod:`runledger.worker.listener`, docs/leases.md). Its heartbeat (every 0.5 s) also
+  wakes the claimer when such a run waits. A listener that holds a lock and stops
+  answering within its budget fences every run at once, before the server can free
+  the lock; then nothing is claimed until it has reconnected and registered again (a
+  new lock). Without a lock, polling goes on meanwhile. If the id was taken while it
+  was away, the worker stops (every run fenced);
 - supervisor: the lease keeper, the watchdog and the listener run in one task group.
   Each survives what the database may do to it (refusals, lost connections,
   timeouts); an unexpected exception -- a bug -- would silently cost the worker its
@@ -42,45 +48,36 @@ from runledger import errors
 from runledger.config import default
 from runledger.db.store import Store
 from runledger.flows import Flow
+from runledger.worker import listener
 from runledger.worker.crash import CrashPoints
 from runledger.worker.executor import ActiveRun, Executor, Limits
+from runledger.worker.listener import ListenerSession
+from runledger.worker.listening import (
+    EXPECTED,
+    REGISTER_PATIENCE,
+    WORKER_CONFLICT,
+    Listening,
+    WorkerIdTaken,
+    conflict_message,
+    is_worker_conflict,
+)
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "runledger_runs"
+CHANNEL = listener.CHANNEL
 
-# what a helper task survives and retries: the database refused, went away or was slow
-EXPECTED = (errors.RunLedgerError, psycopg.Error, OSError, TimeoutError)
-
-WORKER_CONFLICT = "RL008"  # runledger.errors.WorkerConflict
-# how long a refused registration is retried: the backend of a predecessor that was just
-# SIGKILLed with this id may take a moment to notice and exit
-REGISTER_PATIENCE = 5.0
-
-
-def is_worker_conflict(exc: BaseException) -> bool:
-    """The database refused the registration: another live session holds the worker id.
-    (``WorkerConflict`` once mapped by the store; the driver's error until then.)"""
-    return getattr(exc, "sqlstate", None) == WORKER_CONFLICT
-
-
-def conflict_message(worker_id: str, exc: BaseException) -> str:
-    """One line for a refused worker id."""
-    said = (
-        getattr(exc, "message", None)
-        or getattr(getattr(exc, "diag", None), "message_primary", None)
-        or str(exc)
-    )
-    first = str(said).splitlines()[0] if str(said).strip() else "refused"
-    return (
-        f"worker id {worker_id!r} is in use by another live worker ({first}): stop that "
-        "worker or start this one with another --worker-id"
-    )
-
-
-class WorkerIdTaken(RuntimeError):
-    """Registering again after the listener reconnected was refused: another live worker
-    took this worker id while we were cut off."""
+__all__ = [
+    "CHANNEL",
+    "EXPECTED",
+    "REGISTER_PATIENCE",
+    "WORKER_CONFLICT",
+    "Worker",
+    "WorkerFailed",
+    "WorkerIdTaken",
+    "conflict_message",
+    "default_worker_id",
+    "is_worker_conflict",
+]
 
 
 class WorkerFailed(RuntimeError):
@@ -103,7 +100,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-class Worker:
+class Worker(Listening):
     def __init__(
         self,
         *,
@@ -116,6 +113,7 @@ class Worker:
         grace_seconds: float = default("grace_seconds"),
         limits: Limits | None = None,
         crash: CrashPoints | None = None,
+        session_locks: bool = default("session_locks"),
     ) -> None:
         if not flows:
             raise ValueError("a worker needs at least one flow")
@@ -140,6 +138,7 @@ class Worker:
         self._signals = 0
         self.store: Store | None = None
         self.executor: Executor
+        self._init_listening(session_locks)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -209,16 +208,18 @@ class Worker:
             if not taken:  # the row is the other worker's now: leave it alone
                 with contextlib.suppress(Exception):
                     await store.heartbeat_worker(self.worker_id, stopped=True)
+            # closing the listener frees its session lock, and a run left with a tool
+            # still running would be taken over at once: let those end first (the grace)
             with contextlib.suppress(Exception):
-                await listen.close()  # closed already unless the listener never ran
+                await self.executor.settle(timeout=self.grace_seconds)
+            with contextlib.suppress(Exception):
+                await listen.conn.close()  # closed already unless the listener never ran
             await store.close()
             log.info("worker stopped", extra={"worker_id": self.worker_id})
         if failure is not None:
             raise failure
 
-    async def _supervise(
-        self, executor: Executor, listen: psycopg.AsyncConnection[Any]
-    ) -> WorkerFailed | None:
+    async def _supervise(self, executor: Executor, listen: ListenerSession) -> WorkerFailed | None:
         """Claim and drain with the helpers in one task group. A helper that dies takes
         the claimer down with it; returns that failure (None after a normal stop)."""
         failure: WorkerFailed | None = None
@@ -314,8 +315,12 @@ class Worker:
             self.wake.clear()
             free = self.concurrency - len(self.active)
             claimed = 0
-            if free > 0:
+            # a listener that held a session lock is down: claim nothing until it is back
+            # with a new one (a claim would stamp the lock of a session that ended)
+            paused = self._locked and not self._listening
+            if free > 0 and not paused:
                 sent = time.monotonic()
+                generation = self._generation
                 try:
                     # each run with its journal: nothing more is read after the claim
                     runs = await self.store.claim_runs_v3(
@@ -325,9 +330,17 @@ class Worker:
                     log.exception("claim failed", extra={"worker_id": self.worker_id})
                     runs = []
                 claimed = len(runs)
+                if runs and generation != self._generation:
+                    # the listener went down or came back while the claim was out: its
+                    # runs may carry the lock of a session that ended; hand them back
+                    await self._hand_back_claims([run for run, _ in runs])
+                    runs = []
                 for run, loaded in runs:
                     active = ActiveRun(
-                        claim=run, deadline=sent + self.lease_seconds - self.margin, loaded=loaded
+                        claim=run,
+                        deadline=sent + self.lease_seconds - self.margin,
+                        loaded=loaded,
+                        vouch=self._vouch,
                     )
                     active.draining = self.stopping.is_set()  # claimed as the stop came
                     self.active[run.run_id] = active
@@ -347,6 +360,16 @@ class Worker:
                 continue  # there may be more waiting; go again at once
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.poll_seconds)
+
+    async def _hand_back_claims(self, runs: Sequence[Any]) -> None:
+        assert self.store is not None
+        for run in runs:
+            log.warning(
+                "handing back a run claimed while the listener changed",
+                extra={"run_id": run.run_id, "worker_id": self.worker_id},
+            )
+            with contextlib.suppress(Exception):
+                await self.store.release_lease(run.run_id, run.lease_id, run.fencing_token)
 
     async def _execute(self, executor: Executor, active: ActiveRun) -> None:
         try:
@@ -392,10 +415,13 @@ class Worker:
 
     async def _watchdog(self) -> None:
         """Fence every run whose local deadline passed, whatever the keeper is doing."""
-        tick = min(0.5, self.lease_seconds / 6)
+        tick = min(0.25, self.lease_seconds / 6)
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            deadline = self._listener_deadline
+            if deadline is not None and now >= deadline:
+                self._listener_lost("no listener heartbeat answered within its budget")
             for a in list(self.active.values()):
                 if now >= a.deadline:
                     self._fence(a, "local lease deadline passed")
@@ -413,71 +439,3 @@ class Worker:
         )
         if active.task is not None and not active.task.done():
             active.task.cancel()
-
-    # -- listener ------------------------------------------------------------------------
-
-    async def _open_listener(self, store: Store) -> psycopg.AsyncConnection[Any]:
-        """A new listener connection, registered on (the registration is this session's)
-        and listening."""
-        conn = await psycopg.AsyncConnection.connect(
-            self.database_url,
-            autocommit=True,
-            application_name=f"runledger-listener:{self.worker_id}"[:63],
-        )
-        try:
-            await store.register_worker_on(
-                conn, self.worker_id, socket.gethostname(), os.getpid(), sorted(self.flows)
-            )
-            await conn.execute("LISTEN runledger_runs")
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
-
-    async def _register(self, store: Store) -> psycopg.AsyncConnection[Any]:
-        """Open the listener and register on it; a refused worker id is retried for up to
-        ``REGISTER_PATIENCE`` s (a predecessor's backend may still be exiting), then
-        raised."""
-        deadline = time.monotonic() + REGISTER_PATIENCE
-        delay = 0.1
-        while True:
-            try:
-                return await self._open_listener(store)
-            except Exception as exc:
-                if not is_worker_conflict(exc) or time.monotonic() + delay > deadline:
-                    raise
-                if delay == 0.1:  # one line, not one per attempt
-                    log.warning(
-                        "worker id in use by a live session; retrying for up to %.0f s",
-                        REGISTER_PATIENCE,
-                        extra={"worker_id": self.worker_id},
-                    )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-    async def _listener(self, conn: psycopg.AsyncConnection[Any] | None) -> None:
-        assert self.store is not None
-        delay = 0.1
-        while True:
-            try:
-                if conn is None:
-                    try:
-                        conn = await self._register(self.store)
-                    except Exception as exc:
-                        if is_worker_conflict(exc):
-                            raise WorkerIdTaken(conflict_message(self.worker_id, exc)) from exc
-                        raise
-                async with conn:
-                    delay = 0.1
-                    self.wake.set()  # catch up on what was submitted while we were away
-                    async for note in conn.notifies():
-                        if note.payload in self.flows:
-                            self.wake.set()
-            except EXPECTED as exc:
-                log.warning(
-                    "listener lost, polling meanwhile",
-                    extra={"worker_id": self.worker_id, "error": repr(exc)},
-                )
-            conn = None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)

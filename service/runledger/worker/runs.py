@@ -39,6 +39,15 @@ class Limits:
     max_backoff: float = 5.0
 
 
+@dataclass(slots=True)
+class Vouch:
+    """Until when (monotonic) the worker's listener session vouches for its leases: the
+    send time of its last answered heartbeat plus its budget (docs/leases.md). Shared by
+    every run the worker holds; ``inf`` where the session holds no lock."""
+
+    until: float = math.inf
+
+
 @dataclass(slots=True, kw_only=True)
 class ActiveRun:
     """A run this worker holds: its lease and the local deadline that fences it; what the
@@ -49,6 +58,7 @@ class ActiveRun:
 
     claim: ClaimedRun
     deadline: float
+    vouch: Vouch = field(default_factory=Vouch, repr=False)  # the listener's, shared
     draining: bool = False
     operation: str = "claim"
     task: asyncio.Task[None] | None = field(default=None, repr=False)

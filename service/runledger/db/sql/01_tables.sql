@@ -24,6 +24,10 @@ CREATE TABLE runledger.runs (
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
     finished_at timestamptz,
+    -- revision 0011: the session lock of the holder's listener (claim_runs stamps the
+    -- claimer's workers.session_lock; NULL: none, the lease is taken over on expiry only).
+    -- Meaningful while the run is running.
+    lease_lock bigint,
     CONSTRAINT pk_runs PRIMARY KEY (run_id),
     CONSTRAINT ck_runs_run_id CHECK (run_id ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$'),
     CONSTRAINT ck_runs_status CHECK (
@@ -45,6 +49,9 @@ CREATE INDEX ix_runs_claimable ON runledger.runs (flow, flow_version, priority D
     WHERE status IN ('queued', 'running');
 CREATE INDEX ix_runs_status ON runledger.runs (status);
 CREATE INDEX ix_runs_lease_expiry ON runledger.runs (lease_expires_at) WHERE status = 'running';
+-- revision 0011: the distinct holder sessions of running runs (runledger._gone_sessions)
+CREATE INDEX ix_runs_lease_lock ON runledger.runs (lease_lock)
+    WHERE status = 'running' AND lease_lock IS NOT NULL;
 
 CREATE TABLE runledger.run_turns (
     run_id text NOT NULL,
@@ -150,6 +157,9 @@ CREATE TABLE runledger.workers (
     -- session while this one is alive (NULL: registered before revision 0003)
     session_pid integer,
     session_started_at timestamptz,
+    -- revision 0011: the key of the session-level advisory lock the registering session
+    -- holds (register_worker_v2), minted for that session; NULL: none
+    session_lock bigint,
     CONSTRAINT pk_workers PRIMARY KEY (worker_id)
 );
 

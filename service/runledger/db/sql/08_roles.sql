@@ -58,6 +58,8 @@ BEGIN
             runledger.release_lease(text, uuid, bigint, text, jsonb),
             runledger.report_stale_write(text, text, uuid, bigint, text, text),
             runledger.register_worker(text, text, int, text[]),
+            runledger.register_worker_v2(text, text, int, text[], boolean),
+            runledger.heartbeat_listener(text),
             runledger.heartbeat_worker(text, boolean)
         TO runledger_worker;
     END IF;

@@ -1,0 +1,197 @@
+"""The worker's listener session: LISTEN, the registration, the session lock, the heartbeat.
+
+The listener is one long-lived connection of its own. The worker registers on it
+(``register_worker_v2``), so the registration lives exactly as long as that database
+session, and -- where the session is provably the worker's own -- it holds a
+session-level advisory lock under a key minted for this session. Claims stamp that key
+on the runs; when the session ends (the process died and the kernel closed its socket,
+or the server dropped the session), the server frees the lock at once and another
+worker takes the runs over without waiting for their leases to expire.
+
+That is safe only because a worker that is alive but cut off stops every run before the
+server can drop its session (docs/leases.md has the argument):
+
+- the worker: a heartbeat every :data:`HEARTBEAT` s; when none was answered within
+  :data:`BUDGET` s of being sent, the worker fences every run (the watchdog enforces it,
+  whatever the heartbeat coroutine is stuck in); libpq keepalives and
+  ``tcp_user_timeout`` (:data:`CLIENT_TCP`) make the socket itself fail soon after;
+- the server: this session's ``tcp_keepalives_*`` and ``tcp_user_timeout``
+  (:data:`SERVER_TCP`) keep it from dropping the session sooner than
+  :data:`SERVER_MIN_DROP` s after it last heard from the worker.
+
+``BUDGET`` + the watchdog's tick + the one-way delay bound < ``SERVER_MIN_DROP``.
+
+Where the session cannot be trusted to be the worker's own (a pooler or proxy between
+the worker and the server: the backend pid changes between statements, or the server
+sees another client port than the worker's socket has), the worker registers without
+a lock and its runs are taken over on lease expiry only (:func:`untrusted_because`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from runledger.db.store import Store
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "runledger_runs"
+
+HEARTBEAT = 0.5  # s between two heartbeats on the listener (also the takeover wake-up)
+BUDGET = 3.0  # s: no heartbeat answered within this since it was sent -> fence every run
+SERVER_MIN_DROP = 10.0  # s: the server keeps the session at least this long without news
+
+# Per listener session, on the server. With tcp_user_timeout set, Linux drops a
+# connection on keepalive failure only once nothing was received for tcp_user_timeout,
+# and on unacknowledged data once it stayed unacknowledged that long; without it
+# (PostgreSQL < 12), keepalive drops after idle + count * interval = 10 s.
+SERVER_TCP: tuple[tuple[str, str], ...] = (
+    ("tcp_keepalives_idle", "5"),
+    ("tcp_keepalives_interval", "1"),
+    ("tcp_keepalives_count", "5"),
+)
+SERVER_USER_TIMEOUT_MS = "10000"
+
+# libpq, for the listener connection: a dead network fails the socket itself soon after
+# the heartbeat has given up (the heartbeat, not these, is what fences the runs)
+CLIENT_TCP: dict[str, str] = {
+    "keepalives": "1",
+    "keepalives_idle": "1",
+    "keepalives_interval": "1",
+    "keepalives_count": "2",
+    "tcp_user_timeout": "3000",
+}
+
+
+class ListenerMoved(ConnectionError):
+    """The heartbeat was answered by another backend than the one registered on: the
+    session is not the worker's own (a pooler moved it)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ListenerSession:
+    """An open listener connection, registered on and listening."""
+
+    conn: psycopg.AsyncConnection[Any]
+    backend_pid: int
+    lock_key: int | None  # the session lock's key; None: no lock (lease expiry only)
+    untrusted: str | None  # why there is no lock, when there is none
+    # when (monotonic) its last statement was sent, answered: the server heard from us
+    # then, as after a heartbeat
+    vouched_at: float
+
+
+def _local_port(conn: psycopg.AsyncConnection[Any]) -> int | None:
+    """The client port of the connection's socket; None for a Unix socket."""
+    dup = socket.socket(fileno=os.dup(conn.pgconn.socket))
+    try:
+        if dup.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        return int(dup.getsockname()[1])
+    finally:
+        dup.close()
+
+
+async def _backend(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int | None]:
+    cur = await conn.execute("SELECT pg_backend_pid(), inet_client_port()")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), (None if row[1] is None else int(row[1]))
+
+
+async def untrusted_because(conn: psycopg.AsyncConnection[Any]) -> str | None:
+    """Why a session lock on ``conn`` could not be trusted to live exactly as long as
+    this process's connection, or None when it can: the same backend answers two
+    statements, and it sees the client port this socket has (no pooler, no proxy)."""
+    first, port = await _backend(conn)
+    second, _ = await _backend(conn)
+    if first != second:
+        return f"the backend changed between two statements ({first}, then {second}): a pooler"
+    local = _local_port(conn)
+    if local != port:
+        return (
+            f"the server sees client port {port}, this connection's socket has {local}: "
+            "a pooler or proxy between the worker and the server"
+        )
+    return None
+
+
+async def _set_server_timeouts(conn: psycopg.AsyncConnection[Any]) -> None:
+    """This session's server-side keepalives and (PostgreSQL 12+) ``tcp_user_timeout``."""
+    settings = list(SERVER_TCP)
+    if conn.info.server_version >= 120000:
+        settings.append(("tcp_user_timeout", SERVER_USER_TIMEOUT_MS))
+    names = [n for n, _ in settings]
+    values = [v for _, v in settings]
+    await conn.execute(
+        "SELECT set_config(n, v, false) FROM unnest(%s::text[], %s::text[]) AS u(n, v)",
+        (names, values),
+    )
+
+
+async def open_session(
+    url: str,
+    store: Store,
+    *,
+    worker_id: str,
+    hostname: str,
+    pid: int,
+    flows: Sequence[str],
+    session_locks: bool,
+) -> ListenerSession:
+    """A new listener connection: its timeouts set, registered on (with a session lock
+    where the session is trusted), and listening."""
+    conn = await psycopg.AsyncConnection.connect(
+        make_conninfo(url, **CLIENT_TCP),
+        autocommit=True,
+        application_name=f"runledger-listener:{worker_id}"[:63],
+    )
+    try:
+        untrusted: str | None = "session locks are off (--no-session-locks)"
+        if session_locks:
+            await _set_server_timeouts(conn)
+            untrusted = await untrusted_because(conn)
+        key, backend = await store.register_worker_v2_on(
+            conn, worker_id, hostname, pid, flows, session_lock=untrusted is None
+        )
+        if key is not None:
+            again, _ = await _backend(conn)
+            if again != backend:  # the lock went to another backend: register without
+                untrusted = f"the backend changed after registering ({backend}, then {again})"
+                key, backend = await store.register_worker_v2_on(
+                    conn, worker_id, hostname, pid, flows, session_lock=False
+                )
+        vouched_at = time.monotonic()
+        await conn.execute(f"LISTEN {CHANNEL}")
+    except BaseException:
+        await conn.close()
+        raise
+    return ListenerSession(
+        conn=conn, backend_pid=backend, lock_key=key, untrusted=untrusted, vouched_at=vouched_at
+    )
+
+
+async def heartbeat(session: ListenerSession, store: Store, worker_id: str) -> bool:
+    """One heartbeat: whether a run of this worker's flows waits, held by a session that
+    ended; :class:`ListenerMoved` if another backend answered."""
+    backend, due = await store.heartbeat_listener_on(session.conn, worker_id)
+    if backend != session.backend_pid:
+        raise ListenerMoved(
+            f"heartbeat answered by backend {backend}, registered on {session.backend_pid}"
+        )
+    return due
+
+
+async def notifications(session: ListenerSession, timeout: float) -> AsyncIterator[str]:
+    """The payloads of the notifications that arrive within ``timeout`` s."""
+    async for note in session.conn.notifies(timeout=timeout):
+        yield note.payload

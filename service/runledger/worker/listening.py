@@ -1,0 +1,208 @@
+"""The worker's side of its listener session, as a base class of
+:class:`~runledger.worker.process.Worker`: open and register (retrying a refused id for a
+moment), heartbeat and notifications, and what happens when the session comes up or is
+lost. The session itself (settings, trust, lock, heartbeat statement) is
+:mod:`runledger.worker.listener`; why losing it fences every run is docs/leases.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import socket
+import time
+
+import psycopg
+
+from runledger import errors
+from runledger.db.store import Store
+from runledger.flows import Flow
+from runledger.worker import listener
+from runledger.worker.listener import ListenerSession
+from runledger.worker.runs import ActiveRun, Vouch
+
+log = logging.getLogger("runledger.worker.process")
+
+# what a helper task survives and retries: the database refused, went away or was slow
+EXPECTED = (errors.RunLedgerError, psycopg.Error, OSError, TimeoutError)
+
+WORKER_CONFLICT = "RL008"  # runledger.errors.WorkerConflict
+# how long a refused registration is retried: the backend of a predecessor that was just
+# SIGKILLed with this id may take a moment to notice and exit
+REGISTER_PATIENCE = 5.0
+
+
+def is_worker_conflict(exc: BaseException) -> bool:
+    """The database refused the registration: another live session holds the worker id.
+    (``WorkerConflict`` once mapped by the store; the driver's error until then.)"""
+    return getattr(exc, "sqlstate", None) == WORKER_CONFLICT
+
+
+def conflict_message(worker_id: str, exc: BaseException) -> str:
+    """One line for a refused worker id."""
+    said = (
+        getattr(exc, "message", None)
+        or getattr(getattr(exc, "diag", None), "message_primary", None)
+        or str(exc)
+    )
+    first = str(said).splitlines()[0] if str(said).strip() else "refused"
+    return (
+        f"worker id {worker_id!r} is in use by another live worker ({first}): stop that "
+        "worker or start this one with another --worker-id"
+    )
+
+
+class WorkerIdTaken(RuntimeError):
+    """Registering again after the listener reconnected was refused: another live worker
+    took this worker id while we were cut off."""
+
+
+class Listening:
+    """The listener's state and loop. ``Worker`` provides the attributes declared here."""
+
+    worker_id: str
+    database_url: str
+    flows: dict[str, Flow]
+    session_locks: bool
+    store: Store | None
+    wake: asyncio.Event
+    active: dict[str, ActiveRun]
+
+    def _init_listening(self, session_locks: bool) -> None:
+        # the listener session (docs/leases.md): whether session locks are wanted, whether
+        # the current session is up and holds one, until when its last heartbeat vouches
+        # for it, and a generation that moves whenever it comes up or goes down
+        self.session_locks = session_locks
+        self._listening = False
+        self._locked = False
+        self._listener_deadline: float | None = None
+        self._vouch = Vouch()  # the same deadline, as every run claimed under it sees it
+        self._generation = 0
+        self._warned_untrusted = False
+
+    def _fence(self, active: ActiveRun, why: str) -> None:
+        raise NotImplementedError
+
+    async def _open_listener(self, store: Store) -> ListenerSession:
+        """A new listener session: registered on (the registration is this session's,
+        with a session lock where it is trusted) and listening."""
+        session = await listener.open_session(
+            self.database_url,
+            store,
+            worker_id=self.worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            flows=sorted(self.flows),
+            session_locks=self.session_locks,
+        )
+        if session.untrusted is not None and self.session_locks and not self._warned_untrusted:
+            self._warned_untrusted = True  # once: it is the deployment, not an event
+            log.warning(
+                "no session lock: a dead worker's runs are taken over on lease expiry only (%s)",
+                session.untrusted,
+                extra={"worker_id": self.worker_id},
+            )
+        return session
+
+    async def _register(self, store: Store) -> ListenerSession:
+        """Open the listener and register on it; a refused worker id is retried for up to
+        ``REGISTER_PATIENCE`` s (a predecessor's backend may still be exiting), then
+        raised."""
+        deadline = time.monotonic() + REGISTER_PATIENCE
+        delay = 0.1
+        while True:
+            try:
+                session = await self._open_listener(store)
+            except Exception as exc:
+                if not is_worker_conflict(exc) or time.monotonic() + delay > deadline:
+                    raise
+                if delay == 0.1:  # one line, not one per attempt
+                    log.warning(
+                        "worker id in use by a live session; retrying for up to %.0f s",
+                        REGISTER_PATIENCE,
+                        extra={"worker_id": self.worker_id},
+                    )
+            else:
+                self._listener_up(session)
+                return session
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _listener_up(self, session: ListenerSession) -> None:
+        self._generation += 1
+        self._listening = True
+        self._locked = session.lock_key is not None
+        # the registration's last statement vouches for the session as a heartbeat does
+        # (counting from before the connect would fence a worker whose connection setup
+        # took longer than the budget, again and again)
+        self._listener_deadline = session.vouched_at + listener.BUDGET if self._locked else None
+        # a new vouch for the runs claimed from now on; those of an earlier session keep
+        # theirs, spent when that session was lost
+        self._vouch = Vouch(self._listener_deadline or math.inf)
+        self.wake.set()  # catch up on what was submitted while we were away
+
+    def _listener_lost(self, why: str) -> None:
+        """The listener session is gone or may be: with a session lock, every run stops
+        now (the server may free the lock soon, and another worker take the runs over)."""
+        if not self._listening:
+            return
+        self._generation += 1
+        self._listening = False
+        self._listener_deadline = None
+        if not self._locked:
+            log.warning(
+                "listener lost, polling meanwhile: %s", why, extra={"worker_id": self.worker_id}
+            )
+            return
+        self._vouch.until = 0.0  # nothing more is sent under these leases
+        log.warning(
+            "listener lost: %s; fencing every run",
+            why,
+            extra={"worker_id": self.worker_id, "runs": sorted(self.active)},
+        )
+        for a in list(self.active.values()):
+            a.deadline = 0.0  # nothing more is sent under these leases
+            self._fence(a, "the listener session was lost")
+
+    async def _listener(self, session: ListenerSession | None) -> None:
+        assert self.store is not None
+        delay = 0.1
+        while True:
+            try:
+                if session is None:
+                    try:
+                        session = await self._register(self.store)
+                    except Exception as exc:
+                        if is_worker_conflict(exc):
+                            raise WorkerIdTaken(conflict_message(self.worker_id, exc)) from exc
+                        raise
+                async with session.conn:
+                    delay = 0.1
+                    await self._serve(session)
+            except EXPECTED as exc:
+                self._listener_lost(repr(exc))
+            session = None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _serve(self, session: ListenerSession) -> None:
+        """Heartbeats and notifications on the listener, until it fails. The watchdog
+        fences on the heartbeat's budget; this only says when the session is done."""
+        assert self.store is not None
+        while True:
+            sent = time.monotonic()
+            # asyncio.timeout, not wait_for: on 3.11, wait_for returns the result of an
+            # operation that completed as the task was cancelled, swallowing the cancel
+            async with asyncio.timeout(listener.BUDGET):
+                due = await listener.heartbeat(session, self.store, self.worker_id)
+            if not self._listening:  # the watchdog gave up on this session meanwhile
+                raise ConnectionError("the listener heartbeat missed its budget")
+            if self._locked:
+                self._listener_deadline = self._vouch.until = sent + listener.BUDGET
+            if due:
+                self.wake.set()
+            async for payload in listener.notifications(session, listener.HEARTBEAT):
+                if payload in self.flows:
+                    self.wake.set()
