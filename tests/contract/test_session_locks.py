@@ -193,3 +193,30 @@ def test_a_session_never_takes_over_the_runs_of_its_own_lock(
     assert heartbeat(listener, "w1")["takeover_due"] is False
     assert claim(listener, "w1") == []
     assert run_row(admin_conn, "r1")["fencing_token"] == held.token
+
+
+def test_a_claim_from_a_worker_whose_listener_session_ended_claims_nothing(
+    connect: Connect, worker: Conn, worker2: Conn, admin_conn: Conn
+) -> None:
+    """The server runs a statement to its end after its client died: a dead worker's claim
+    in flight must not take runs (nor its own, whose lock its death just freed)."""
+    listener = connect("runledger_worker")
+    register(listener, "w1")
+    held = submit_and_claim(worker, "r1", "w1")
+    submit(worker, "r2")
+    listener.close()  # w1's process is gone; a claim it sent is still on its way
+    wait_for(
+        lambda: not scalar(
+            admin_conn,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+        ),
+        what="the ended session's lock freed",
+    )
+    with unchanged(admin_conn):
+        assert claim(worker, "w1") == []  # neither r2 (queued) nor r1 (its own)
+    # a live worker takes both: r1 through the ended session, r2 from the queue
+    listener2 = connect("runledger_worker")
+    register(listener2, "w2")
+    taken = {c.run_id: c for c in claim(worker2, "w2")}
+    assert set(taken) == {"r1", "r2"}
+    assert taken["r1"].token == held.token + 1

@@ -224,6 +224,17 @@ BEGIN
     -- session locks (revision 0011)
     SELECT w.session_lock INTO v_lock FROM runledger.workers w
     WHERE w.worker_id = p_worker_id AND w.stopped_at IS NULL;
+    -- A claimer whose own listener session has ended claims nothing: its process died
+    -- (or fenced itself) while this statement was on its way, and the server runs a
+    -- statement to its end even when the client is gone. Its lock is free then; a live
+    -- listener holds it, and the try fails. (A claim sent on the listener session itself
+    -- would take its own lock again: that one is left alone.)
+    IF v_lock IS NOT NULL AND p_max_runs > 0
+       AND v_lock IS DISTINCT FROM
+           nullif(pg_catalog.current_setting('runledger.session_lock', true), '')::bigint
+       AND pg_catalog.pg_try_advisory_xact_lock(v_lock) THEN
+        RETURN;
+    END IF;
     IF p_max_runs > 0 THEN
         v_gone := runledger._gone_sessions();
     END IF;
