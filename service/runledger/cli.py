@@ -47,6 +47,7 @@ from runledger.cli_options import (
     json_option,
     setting_option,
 )
+from runledger.cli_reads import events, list_runs, show, unknown, workers
 from runledger.config import (
     with_connect_timeout,
 )
@@ -375,6 +376,11 @@ def resolve(
 main.add_command(approve)
 main.add_command(deny)
 main.add_command(doctor)
+main.add_command(list_runs)
+main.add_command(show)
+main.add_command(workers)
+main.add_command(unknown)
+main.add_command(events)
 
 
 @main.command(context_settings=CONTEXT)

@@ -1,0 +1,613 @@
+"""The operator's read commands: ``runledger list | show | workers | unknown | events``.
+
+Each prints a rich table on a terminal and, with ``--json``, one JSON document on
+stdout (``events --follow --json``: one JSON object per line); logs and errors go to
+stderr. Nothing here writes: every query runs in a read-only session
+(:mod:`runledger.db.inspect`), and every time is judged by the database clock.
+Registered on the ``runledger`` group by :mod:`runledger.cli`; errors are one line and
+the exit codes of ``runledger --help`` there, as for every command.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+
+from runledger.cli_approvals import APPROVABLE, approval_lines
+from runledger.cli_options import (
+    CONTEXT,
+    _database_url,
+    _opt,
+    connect_option,
+    database_option,
+    emit,
+    json_option,
+    setting_option,
+)
+from runledger.model import RunStatus
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+RESOLVABLE = ("paused", "cancelled", "failed")  # the run states resolve_call accepts
+
+LIVENESS_RULE = (
+    "A worker heartbeats every third of its lease: it is 'stopped' when it said so on "
+    "the way out, 'silent' when its last heartbeat (by the database clock) is "
+    "--lease-seconds old or older (three missed heartbeats: no lease it held is still "
+    "live), else 'alive'."
+)
+
+silent_option = setting_option(
+    "lease_seconds",
+    help="The workers' lease length (set it as the workers' RUNLEDGER_LEASE_SECONDS): "
+    "a worker without a heartbeat for this long is silent.",
+)
+
+
+def limit_option(default: int, what: str) -> Callable[[F], F]:
+    from runledger.db.inspect import MAX_LIMIT
+
+    return _opt(
+        "--limit",
+        type=click.IntRange(1, MAX_LIMIT),
+        default=default,
+        help=f"At most this many {what}.",
+    )
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class SinceType(click.ParamType):  # type: ignore[type-arg]
+    """``30m``, ``2h``, ``7d``, ``90s`` (before the database's now), or an ISO 8601
+    timestamp (without a zone: UTC)."""
+
+    name = "DURATION|TIMESTAMP"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from runledger.db.inspect import Since
+
+        if isinstance(value, Since):
+            return value
+        text = str(value).strip()
+        m = _DURATION.fullmatch(text)
+        if m:
+            seconds = float(m.group(1)) * _UNITS[m.group(2)]
+            if seconds > 100 * 365 * 86400:
+                self.fail(f"{value!r} is more than a hundred years.", param, ctx)
+            return Since(ago=dt.timedelta(seconds=seconds))
+        try:
+            at = dt.datetime.fromisoformat(text)
+        except ValueError:
+            self.fail(
+                f"{value!r} is neither a duration (30m, 2h, 7d) nor an ISO timestamp "
+                "(2026-12-01T15:00:00Z).",
+                param,
+                ctx,
+            )
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=dt.UTC)
+        return Since(at=at)
+
+
+since_option = _opt(
+    "--since",
+    type=SinceType(),
+    default=None,
+    help="Only since then: a duration before the database's now (30m, 2h, 7d) or an "
+    "ISO timestamp (UTC unless it says).",
+)
+
+
+@contextmanager
+def _reading(database_url: str | None, connect_timeout: float) -> Iterator[Any]:
+    from runledger.db.execution import probe_blocking
+    from runledger.db.inspect import read_connection
+
+    url = _database_url(database_url)
+    # unreachable, no schema, an older schema: the one-line errors every command gives
+    probe_blocking(url, timeout=connect_timeout, application_name="runledger-cli")
+    with read_connection(url, connect_timeout) as conn:
+        yield conn
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _line(console: Any, text: str, style: str = "") -> None:
+    from rich.text import Text
+
+    # soft_wrap: never cut or folded by rich; the terminal wraps it, a copy is whole
+    console.print(Text(text, style=style), soft_wrap=True)
+
+
+def _table(*headers: str) -> Any:
+    from rich.table import Table
+
+    table = Table()
+    for header in headers:
+        table.add_column(header, overflow="fold")  # folded, never cut with an ellipsis
+    return table
+
+
+def _cells(*values: Any) -> list[Any]:
+    from rich.text import Text
+
+    return [Text("" if v is None else str(v)) for v in values]
+
+
+def age(seconds: float | None) -> str:
+    """``42s``, ``3m 5s``, ``2h 10m``, ``3d 4h``."""
+    if seconds is None:
+        return ""
+    s = int(abs(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _ago(now: str, at: str | None) -> str:
+    if at is None:
+        return ""
+    delta = dt.datetime.fromisoformat(now) - dt.datetime.fromisoformat(at)
+    return age(delta.total_seconds()) + " ago"
+
+
+def _expiry(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return f"expires in {age(seconds)}" if seconds > 0 else f"expired {age(seconds)} ago"
+
+
+def _compact(value: Any) -> str:
+    return "" if value is None else json.dumps(value, default=str, ensure_ascii=False)
+
+
+# -- list -------------------------------------------------------------------------------
+
+
+@click.command("list", context_settings=CONTEXT)
+@database_option
+@connect_option
+@_opt(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice([str(s) for s in RunStatus]),
+    help="Only runs in this status (repeatable; space-separated in the env var).",
+)
+@_opt("--flow", default=None, help="Only runs of this flow: name, or name@version.")
+@since_option
+@limit_option(50, "runs")
+@silent_option
+@json_option
+def list_runs(
+    database_url: str | None,
+    connect_timeout: float,
+    statuses: tuple[str, ...],
+    flow: str | None,
+    since: Any,
+    limit: int,
+    lease_seconds: float,
+    as_json: bool,
+) -> None:
+    """List runs, newest first (by when they were submitted).
+
+    A running run's LEASE says 'live', 'expired, holder alive', or 'lease expired, no
+    live worker' (its holder stopped or is silent: see `runledger workers`); the next
+    worker of its flow to poll takes it over.
+    """
+    from runledger.db.inspect import list_runs as query
+
+    if flow is not None and (not flow or flow.startswith("@") or flow.endswith("@")):
+        raise click.BadParameter("give a name or name@version.", param_hint="'--flow'")
+    with _reading(database_url, connect_timeout) as conn:
+        data = query(
+            conn,
+            statuses=statuses,
+            flow=flow,
+            since=since,
+            limit=limit,
+            silent_after=lease_seconds,
+        )
+    if as_json:
+        emit(data, as_json=True)
+        return
+    console = _console()
+    if not data["runs"]:
+        _line(console, "no runs")
+        return
+    table = _table("run", "flow", "status", "token", "lease", "created", "note")
+    for r in data["runs"]:
+        lease = ""
+        if r["status"] == "running":
+            lease = f"{r['lease_owner']}: {r['lease_state']} ({_expiry(r['expires_in_seconds'])})"
+        table.add_row(
+            *_cells(
+                r["run_id"],
+                f"{r['flow']}@{r['flow_version']}",
+                r["status"],
+                r["fencing_token"],
+                lease,
+                _ago(data["now"], r["created_at"]),
+                r["pause_reason"],
+            )
+        )
+    console.print(table)
+    if len(data["runs"]) == limit:
+        _line(console, f"(the newest {limit}; --limit for more)")
+
+
+# -- show -------------------------------------------------------------------------------
+
+
+@click.command(context_settings=CONTEXT, epilog="\b\n" + LIVENESS_RULE)
+@database_option
+@connect_option
+@click.argument("run_id")
+@silent_option
+@json_option
+def show(
+    database_url: str | None,
+    connect_timeout: float,
+    run_id: str,
+    lease_seconds: float,
+    as_json: bool,
+) -> None:
+    """Show a run whole: its lease and holder, its turns with their calls, its timeline.
+
+    The lease is judged by the database clock: 'live', 'expired, holder alive' (the
+    holder is fenced at its next write), or 'lease expired, no live worker' (its holder
+    stopped, is silent or unknown): the next worker of the flow to poll takes it over.
+    Keys and commands are printed whole, whatever the terminal's width.
+    """
+    from runledger.db.inspect import TIMELINE_LIMIT, show_run
+
+    with _reading(database_url, connect_timeout) as conn:
+        data = show_run(conn, run_id, silent_after=lease_seconds)
+    if as_json:
+        emit(data, as_json=True)
+        return
+    console = _console()
+    run, now = data["run"], data["now"]
+    _line(
+        console,
+        f"{run['run_id']} {run['flow']}@{run['flow_version']} {run['status']} "
+        f"token={run['fencing_token']} state_version={run['state_version']} "
+        f"claims={run['claims']}",
+        "bold",
+    )
+    _line(
+        console,
+        f"created {run['created_at']} ({_ago(now, run['created_at'])}), "
+        f"updated {run['updated_at']} ({_ago(now, run['updated_at'])})"
+        + (f", finished {run['finished_at']}" if run["finished_at"] else ""),
+    )
+    lease = data["lease"]
+    if lease is not None:
+        _line(
+            console,
+            f"lease: {lease['verdict']}: owner {lease['owner']}, token {lease['fencing_token']}, "
+            f"lease id {lease['lease_id']}, {_expiry(lease['expires_in_seconds'])} "
+            f"(at {lease['expires_at']}, database clock)",
+        )
+        holder = lease["holder"]
+        if holder is None:
+            _line(console, f"  holder {lease['owner']}: no workers row")
+        else:
+            _line(
+                console,
+                f"  holder {holder['worker_id']} ({holder['hostname']} pid {holder['pid']}): "
+                f"{holder['liveness']}, last heartbeat {age(holder['heartbeat_age_seconds'])} ago",
+            )
+        if lease["expired"]:
+            _line(
+                console,
+                f"  the next worker of {run['flow']}@{run['flow_version']} to poll takes it over "
+                "(`runledger workers` lists who is alive)",
+            )
+    if run["pause_reason"]:
+        _line(console, f"pause reason: {run['pause_reason']}")
+    if run["error"] is not None:
+        _line(console, f"error: {_compact(run['error'])}")
+    if run["result"] is not None:
+        _line(console, f"result: {_compact(run['result'])}")
+    calls = [c for t in data["turns"] for c in t["calls"]]
+    for turn in data["turns"]:
+        _line(
+            console,
+            f"turn {turn['turn']} (token {turn['fencing_token']}, {turn['created_at']}): "
+            f"{len(turn['calls'])} call(s)",
+        )
+        if turn["calls"]:
+            table = _table("key", "tool", "status", "attempts", "by (token)", "receipt")
+            for c in turn["calls"]:
+                status = c["status"] + (f" (approval {c['approval']})" if c["approval"] else "")
+                by = f"{c['dispatched_by']} ({c['dispatched_token']})" if c["dispatched_by"] else ""
+                table.add_row(
+                    *_cells(
+                        c["idempotency_key"],
+                        c["tool"],
+                        status,
+                        c["attempts"],
+                        by,
+                        _compact(c["receipt"]),
+                    )
+                )
+            console.print(table)
+    _print_actions(console, run["status"], calls)
+    shown = len(data["timeline"])
+    _line(
+        console,
+        f"timeline: {shown} event(s)"
+        + (
+            f" (the newest {TIMELINE_LIMIT}; `runledger events --run` for all)"
+            if data["timeline_truncated"]
+            else ""
+        ),
+    )
+    table = _table("id", "at", "kind", "actor", "token", "detail")
+    for e in data["timeline"]:
+        table.add_row(
+            *_cells(
+                e["event_id"],
+                e["at"],
+                e["kind"],
+                e["actor"],
+                e["fencing_token"],
+                _compact(e["detail"]),
+            )
+        )
+    console.print(table)
+
+
+def commands_for(call: dict[str, Any], run_status: str) -> tuple[list[str], str | None]:
+    """The lines that act on a call waiting for a person, or why none works yet."""
+    key = call["idempotency_key"]
+    if call["status"] == "unknown":
+        if run_status in RESOLVABLE:
+            from runledger.cli import resolve_command
+
+            return [resolve_command(key)], None
+        return (
+            [],
+            "the run is running: its worker pauses it (or, its lease expired, the worker "
+            "that takes it over does); resolve it then",
+        )
+    if run_status in APPROVABLE:
+        return list(approval_lines(key)), None
+    return [], "the run is running: it pauses when its worker reaches the call; decide then"
+
+
+def _print_actions(console: Any, run_status: str, calls: list[dict[str, Any]]) -> None:
+    unknown = [c for c in calls if c["status"] == "unknown"]
+    awaiting = [c for c in calls if c["approval"] == "pending" and c["status"] == "planned"]
+    if unknown:
+        _line(console, f"{len(unknown)} unknown call(s): check the provider, then run one of")
+    for c in unknown:
+        lines, why = commands_for(c, run_status)
+        for command in lines:
+            _line(console, "  " + command)
+        if why:
+            _line(console, f"  {c['idempotency_key']}: {why}")
+    if awaiting:
+        _line(console, f"{len(awaiting)} call(s) await approval: run one of the two lines for each")
+    for c in awaiting:
+        lines, why = commands_for(c, run_status)
+        for command in lines:
+            _line(console, "  " + command)
+        if why:
+            _line(console, f"  {c['idempotency_key']}: {why}")
+
+
+# -- workers ----------------------------------------------------------------------------
+
+
+@click.command(context_settings=CONTEXT, epilog="\b\n" + LIVENESS_RULE)
+@database_option
+@connect_option
+@_opt(
+    "--status",
+    "liveness",
+    multiple=True,
+    type=click.Choice(["alive", "silent", "stopped"]),
+    help="Only workers in this state (repeatable).",
+)
+@limit_option(50, "workers")
+@silent_option
+@json_option
+def workers(
+    database_url: str | None,
+    connect_timeout: float,
+    liveness: tuple[str, ...],
+    limit: int,
+    lease_seconds: float,
+    as_json: bool,
+) -> None:
+    """List workers: alive, silent or stopped, heartbeat age, runs held.
+
+    RUNS HELD counts the running runs whose lease this worker holds and has not
+    expired, by the database clock. Alive first, then silent, then stopped.
+    """
+    from runledger.db.inspect import workers as query
+
+    with _reading(database_url, connect_timeout) as conn:
+        data = query(conn, silent_after=lease_seconds, liveness=liveness, limit=limit)
+    if as_json:
+        emit(data, as_json=True)
+        return
+    console = _console()
+    if not data["workers"]:
+        _line(console, "no workers")
+        return
+    table = _table("worker", "host (pid)", "status", "heartbeat", "runs held", "flows", "started")
+    for w in data["workers"]:
+        table.add_row(
+            *_cells(
+                w["worker_id"],
+                f"{w['hostname']} ({w['pid']})",
+                w["liveness"],
+                f"{age(w['heartbeat_age_seconds'])} ago",
+                w["runs_held"],
+                " ".join(w["flows"]),
+                _ago(data["now"], w["started_at"]),
+            )
+        )
+    console.print(table)
+    _line(console, f"silent: no heartbeat for {lease_seconds:g} s (--lease-seconds)")
+
+
+# -- unknown ----------------------------------------------------------------------------
+
+
+@click.command(context_settings=CONTEXT)
+@database_option
+@connect_option
+@_opt(
+    "--include-finished",
+    is_flag=True,
+    help="Also the calls of cancelled and failed runs (slower: reads every such run's calls).",
+)
+@limit_option(1000, "calls")
+@json_option
+def unknown(
+    database_url: str | None,
+    connect_timeout: float,
+    include_finished: bool,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Every call waiting for a person: unknown calls and calls awaiting approval.
+
+    Each with its run, tool, attempts, the token it was last dispatched under, who
+    dispatched it, its error, and the exact command to run (`runledger resolve ...` for
+    an unknown call once you know what the provider did; `runledger approve ...` or
+    `runledger deny ...` for an approval). A call of a running run has no command yet:
+    its worker pauses the run first. Oldest first.
+    """
+    from runledger.db.inspect import waiting_calls
+
+    with _reading(database_url, connect_timeout) as conn:
+        data = waiting_calls(conn, include_finished=include_finished, limit=limit)
+    for c in data["calls"]:
+        lines, why = commands_for(c, c["run_status"])
+        c["commands"] = lines
+        c["note"] = why
+    if as_json:
+        emit(data, as_json=True)
+        return
+    console = _console()
+    if not data["calls"]:
+        _line(console, "no call is waiting for a person")
+        return
+    table = _table(
+        "key", "run", "tool", "waits for", "attempts", "last token", "dispatched by", "error"
+    )
+    for c in data["calls"]:
+        table.add_row(
+            *_cells(
+                c["idempotency_key"],
+                f"{c['run_id']} ({c['run_status']})",
+                c["tool"],
+                c["waits_for"],
+                c["attempts"],
+                c["dispatched_token"],
+                c["dispatched_by"],
+                _compact(c["error"]),
+            )
+        )
+    console.print(table)
+    _line(console, "to act, run (check the provider first for an unknown call):")
+    for c in data["calls"]:
+        for command in c["commands"]:
+            _line(console, "  " + command)
+        if c["note"]:
+            _line(console, f"  {c['idempotency_key']}: {c['note']}")
+
+
+# -- events -----------------------------------------------------------------------------
+
+POLL_SECONDS = 0.5
+
+
+@click.command(context_settings=CONTEXT)
+@database_option
+@connect_option
+@_opt("--run", "run_id", default=None, help="Only the events of this run.")
+@_opt("--kind", "kinds", multiple=True, help="Only events of this kind (repeatable).")
+@since_option
+@limit_option(50, "events before following")
+@_opt(
+    "--follow",
+    is_flag=True,
+    help="Keep printing new events (polled every 0.5 s) until Ctrl-C (exit 0).",
+)
+@_opt(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Machine-readable: one JSON document; with --follow one JSON object per line.",
+)
+def events(
+    database_url: str | None,
+    connect_timeout: float,
+    run_id: str | None,
+    kinds: tuple[str, ...],
+    since: Any,
+    limit: int,
+    follow: bool,
+    as_json: bool,
+) -> None:
+    """Print events, newest last (the newest --limit of them), from run_timeline."""
+    from runledger.db.inspect import EventFollower, last_event_id
+    from runledger.db.inspect import events as query
+
+    with _reading(database_url, connect_timeout) as conn:
+        top = last_event_id(conn)
+        rows = query(conn, run_id=run_id, kinds=kinds, since=since, limit=limit, until=top)
+        if as_json and not follow:
+            emit({"events": rows}, as_json=True)
+            return
+        console = None if as_json else _console()
+
+        def out(batch: list[dict[str, Any]]) -> None:
+            for e in batch:
+                if console is None:
+                    click.echo(json.dumps(e, default=str, sort_keys=True), nl=True)
+                else:
+                    _line(console, _event_line(e))
+
+        if not rows and console is not None and not follow:
+            _line(console, "no events")
+        out(rows)
+        if not follow:
+            return
+        follower = EventFollower(conn, after=top, run_id=run_id, kinds=kinds)
+        try:
+            while True:
+                time.sleep(POLL_SECONDS)
+                out(follower.poll())
+        except KeyboardInterrupt:
+            return
+
+
+def _event_line(e: dict[str, Any]) -> str:
+    token = f" token={e['fencing_token']}" if e["fencing_token"] is not None else ""
+    actor = f" by {e['actor']}" if e["actor"] else ""
+    detail = f" {_compact(e['detail'])}" if e["detail"] else ""
+    return f"#{e['event_id']} {e['at']} {e['run_id']} {e['kind']}{actor}{token}{detail}"
