@@ -132,13 +132,28 @@ def _line(console: Any, text: str, style: str = "") -> None:
     console.print(Text(text, style=style), soft_wrap=True)
 
 
-def _table(*headers: str) -> Any:
+def _table(*headers: str, whole: dict[str, int] | None = None) -> Any:
+    """A table whose cells fold, never cut with an ellipsis; ``whole``: columns (keys,
+    run ids) kept on one line up to that many characters."""
     from rich.table import Table
 
     table = Table()
     for header in headers:
-        table.add_column(header, overflow="fold")  # folded, never cut with an ellipsis
+        width = (whole or {}).get(header)
+        table.add_column(header, overflow="fold", min_width=min(width, 60) if width else None)
     return table
+
+
+def _widest(values: Any) -> int:
+    return max((len(str(v)) for v in values), default=0)
+
+
+def when(at: str | None) -> str:
+    """An ISO time, shorter: ``2026-12-01 15:23:15.463Z`` (UTC)."""
+    if at is None:
+        return ""
+    t = dt.datetime.fromisoformat(at).astimezone(dt.UTC)
+    return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
 def _cells(*values: Any) -> list[Any]:
@@ -232,11 +247,24 @@ def list_runs(
     if not data["runs"]:
         _line(console, "no runs")
         return
-    table = _table("run", "flow", "status", "token", "lease", "created", "note")
+    table = _table(
+        "run",
+        "flow",
+        "status",
+        "token",
+        "lease",
+        "created",
+        "waits for",
+        whole={"run": _widest(r["run_id"] for r in data["runs"])},
+    )
     for r in data["runs"]:
         lease = ""
         if r["status"] == "running":
-            lease = f"{r['lease_owner']}: {r['lease_state']} ({_expiry(r['expires_in_seconds'])})"
+            lease = f"{r['lease_owner']}: {_expiry(r['expires_in_seconds'])}"
+            if r["lease_state"] != "live":
+                lease += ", " + r["lease_state"].removeprefix("lease expired, ").removeprefix(
+                    "expired, "
+                )
         table.add_row(
             *_cells(
                 r["run_id"],
@@ -245,12 +273,21 @@ def list_runs(
                 r["fencing_token"],
                 lease,
                 _ago(data["now"], r["created_at"]),
-                r["pause_reason"],
+                _waits(r),
             )
         )
     console.print(table)
     if len(data["runs"]) == limit:
         _line(console, f"(the newest {limit}; --limit for more)")
+
+
+def _waits(r: dict[str, Any]) -> str:
+    parts = []
+    if r["unknown_calls"]:
+        parts.append(f"{r['unknown_calls']} unknown call(s)")
+    if r["awaiting_approval"]:
+        parts.append(f"{r['awaiting_approval']} approval(s)")
+    return ", ".join(parts)
 
 
 # -- show -------------------------------------------------------------------------------
@@ -294,9 +331,9 @@ def show(
     )
     _line(
         console,
-        f"created {run['created_at']} ({_ago(now, run['created_at'])}), "
-        f"updated {run['updated_at']} ({_ago(now, run['updated_at'])})"
-        + (f", finished {run['finished_at']}" if run["finished_at"] else ""),
+        f"created {when(run['created_at'])} ({_ago(now, run['created_at'])}), "
+        f"updated {when(run['updated_at'])} ({_ago(now, run['updated_at'])})"
+        + (f", finished {when(run['finished_at'])}" if run["finished_at"] else ""),
     )
     lease = data["lease"]
     if lease is not None:
@@ -304,7 +341,7 @@ def show(
             console,
             f"lease: {lease['verdict']}: owner {lease['owner']}, token {lease['fencing_token']}, "
             f"lease id {lease['lease_id']}, {_expiry(lease['expires_in_seconds'])} "
-            f"(at {lease['expires_at']}, database clock)",
+            f"(at {when(lease['expires_at'])}, database clock)",
         )
         holder = lease["holder"]
         if holder is None:
@@ -331,11 +368,19 @@ def show(
     for turn in data["turns"]:
         _line(
             console,
-            f"turn {turn['turn']} (token {turn['fencing_token']}, {turn['created_at']}): "
+            f"turn {turn['turn']} (token {turn['fencing_token']}, {when(turn['created_at'])}): "
             f"{len(turn['calls'])} call(s)",
         )
         if turn["calls"]:
-            table = _table("key", "tool", "status", "attempts", "by (token)", "receipt")
+            table = _table(
+                "key",
+                "tool",
+                "status",
+                "attempts",
+                "by (token)",
+                "receipt",
+                whole={"key": _widest(c["idempotency_key"] for c in calls)},
+            )
             for c in turn["calls"]:
                 status = c["status"] + (f" (approval {c['approval']})" if c["approval"] else "")
                 by = f"{c['dispatched_by']} ({c['dispatched_token']})" if c["dispatched_by"] else ""
@@ -361,19 +406,8 @@ def show(
             else ""
         ),
     )
-    table = _table("id", "at", "kind", "actor", "token", "detail")
     for e in data["timeline"]:
-        table.add_row(
-            *_cells(
-                e["event_id"],
-                e["at"],
-                e["kind"],
-                e["actor"],
-                e["fencing_token"],
-                _compact(e["detail"]),
-            )
-        )
-    console.print(table)
+        _line(console, "  " + _event_line(e, run=False))
 
 
 def commands_for(call: dict[str, Any], run_status: str) -> tuple[list[str], str | None]:
@@ -516,19 +550,27 @@ def unknown(
         _line(console, "no call is waiting for a person")
         return
     table = _table(
-        "key", "run", "tool", "waits for", "attempts", "last token", "dispatched by", "error"
+        "key",
+        "run",
+        "tool",
+        "waits for",
+        "attempts",
+        "sent by (token)",
+        "error",
+        whole={
+            "key": _widest(c["idempotency_key"] for c in data["calls"]),
+        },
     )
     for c in data["calls"]:
         table.add_row(
             *_cells(
                 c["idempotency_key"],
-                f"{c['run_id']} ({c['run_status']})",
+                c["run_status"],
                 c["tool"],
                 c["waits_for"],
                 c["attempts"],
-                c["dispatched_token"],
-                c["dispatched_by"],
-                _compact(c["error"]),
+                f"{c['dispatched_by']} ({c['dispatched_token']})" if c["dispatched_by"] else "",
+                _reason(c["error"]),
             )
         )
     console.print(table)
@@ -538,6 +580,14 @@ def unknown(
             _line(console, "  " + command)
         if c["note"]:
             _line(console, f"  {c['idempotency_key']}: {c['note']}")
+
+
+def _reason(error: Any) -> str:
+    """A call's error in a cell: its reason when it has one (``--json`` has it whole)."""
+    reason = error.get("reason") if isinstance(error, dict) else None
+    if isinstance(reason, str):
+        return reason
+    return _compact(error)
 
 
 # -- events -----------------------------------------------------------------------------
@@ -606,8 +656,20 @@ def events(
             return
 
 
-def _event_line(e: dict[str, Any]) -> str:
+def _event_line(e: dict[str, Any], *, run: bool = True) -> str:
+    """``#12 2026-12-01 15:23:15.464Z ticket-77 claimed by worker-a token=1 lease_id=...``:
+    the detail as key=value pairs, each value whole."""
     token = f" token={e['fencing_token']}" if e["fencing_token"] is not None else ""
     actor = f" by {e['actor']}" if e["actor"] else ""
-    detail = f" {_compact(e['detail'])}" if e["detail"] else ""
-    return f"#{e['event_id']} {e['at']} {e['run_id']} {e['kind']}{actor}{token}{detail}"
+    detail = e["detail"]
+    if isinstance(detail, dict):
+        pairs = " ".join(
+            f"{k}={v if isinstance(v, str) and v and ' ' not in v else _compact(v)}"
+            for k, v in detail.items()
+        )
+    else:
+        pairs = _compact(detail)
+    where = f" {e['run_id']}" if run else ""
+    return f"#{e['event_id']} {when(e['at'])}{where} {e['kind']}{actor}{token}" + (
+        f" {pairs}" if pairs else ""
+    )

@@ -131,7 +131,9 @@ WITH clock AS (SELECT runledger.now() AS now)
 SELECT l.*, extract(epoch FROM l.lease_expires_at - clock.now)::float8 AS expires_in_seconds,
        """
     + _LEASE_STATE
-    + """ AS lease_state
+    + """ AS lease_state,
+       coalesce(c.unknown_calls, 0)::int AS unknown_calls,
+       coalesce(c.awaiting_approval, 0)::int AS awaiting_approval
 FROM (
     SELECT run_id, flow, flow_version, status, priority, claims, fencing_token,
            state_version, lease_owner, lease_expires_at, pause_reason,
@@ -145,6 +147,14 @@ FROM (
     LIMIT %(limit)s
 ) l CROSS JOIN clock
 LEFT JOIN runledger.workers w ON w.worker_id = l.lease_owner AND l.status = 'running'
+-- the listed runs' calls only, by the primary key; a finished call is never waiting
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE x.status = 'unknown') AS unknown_calls,
+           count(*) FILTER (WHERE x.approval = 'pending' AND x.status = 'planned')
+               AS awaiting_approval
+    FROM runledger.run_calls x
+    WHERE x.run_id = l.run_id AND l.status IN ('running', 'paused', 'cancelled', 'failed')
+) c ON true
 ORDER BY l.created_at DESC, l.run_id DESC
 """
 )
