@@ -344,9 +344,15 @@ SELECT r.run_id, r.status AS run_status, r.flow, r.flow_version, r.fencing_token
        c.completed_token, c.completed_at, c.error,
        CASE WHEN c.status = 'unknown' THEN 'unknown' ELSE 'approval' END AS waits_for
 FROM runledger.runs r
-JOIN runledger.run_calls c ON c.run_id = r.run_id
+-- OFFSET 0 keeps the subquery a per-run probe of pk_run_calls: flattened into a join, the
+-- planner may read every call of every run instead
+CROSS JOIN LATERAL (
+    SELECT * FROM runledger.run_calls x
+    WHERE x.run_id = r.run_id
+      AND (x.status = 'unknown' OR (x.approval = 'pending' AND x.status = 'planned'))
+    OFFSET 0
+) c
 WHERE r.status = ANY(%(run_statuses)s::text[])
-  AND (c.status = 'unknown' OR (c.approval = 'pending' AND c.status = 'planned'))
 ORDER BY coalesce(c.dispatched_at, r.updated_at), c.idempotency_key
 LIMIT %(limit)s
 """
