@@ -132,20 +132,16 @@ def _line(console: Any, text: str, style: str = "") -> None:
     console.print(Text(text, style=style), soft_wrap=True)
 
 
-def _table(*headers: str, whole: dict[str, int] | None = None) -> Any:
-    """A table whose cells fold, never cut with an ellipsis; ``whole``: columns (keys,
-    run ids) kept on one line up to that many characters."""
+def _table(*headers: str, whole: tuple[str, ...] = ()) -> Any:
+    """A table whose cells fold, never cut with an ellipsis; the ``whole`` columns (keys,
+    run ids) are kept on one line while the terminal is wide enough for them, and are
+    the last to fold (rich squeezes the other columns first)."""
     from rich.table import Table
 
     table = Table()
     for header in headers:
-        width = (whole or {}).get(header)
-        table.add_column(header, overflow="fold", min_width=min(width, 60) if width else None)
+        table.add_column(header, overflow="fold", no_wrap=header in whole)
     return table
-
-
-def _widest(values: Any) -> int:
-    return max((len(str(v)) for v in values), default=0)
 
 
 def when(at: str | None) -> str:
@@ -255,7 +251,7 @@ def list_runs(
         "lease",
         "created",
         "waits for",
-        whole={"run": _widest(r["run_id"] for r in data["runs"])},
+        whole=("run", "flow"),
     )
     for r in data["runs"]:
         lease = ""
@@ -284,9 +280,9 @@ def list_runs(
 def _waits(r: dict[str, Any]) -> str:
     parts = []
     if r["unknown_calls"]:
-        parts.append(f"{r['unknown_calls']} unknown call(s)")
+        parts.append(f"{r['unknown_calls']} unknown")
     if r["awaiting_approval"]:
-        parts.append(f"{r['awaiting_approval']} approval(s)")
+        parts.append(f"{r['awaiting_approval']} approval")
     return ", ".join(parts)
 
 
@@ -379,7 +375,7 @@ def show(
                 "attempts",
                 "by (token)",
                 "receipt",
-                whole={"key": _widest(c["idempotency_key"] for c in calls)},
+                whole=("key",),
             )
             for c in turn["calls"]:
                 status = c["status"] + (f" (approval {c['approval']})" if c["approval"] else "")
@@ -489,7 +485,16 @@ def workers(
     if not data["workers"]:
         _line(console, "no workers")
         return
-    table = _table("worker", "host (pid)", "status", "heartbeat", "runs held", "flows", "started")
+    table = _table(
+        "worker",
+        "host (pid)",
+        "status",
+        "heartbeat",
+        "runs held",
+        "flows",
+        "started",
+        whole=("worker", "flows"),
+    )
     for w in data["workers"]:
         table.add_row(
             *_cells(
@@ -556,10 +561,7 @@ def unknown(
         "waits for",
         "attempts",
         "sent by (token)",
-        "error",
-        whole={
-            "key": _widest(c["idempotency_key"] for c in data["calls"]),
-        },
+        whole=("key",),
     )
     for c in data["calls"]:
         table.add_row(
@@ -570,16 +572,17 @@ def unknown(
                 c["waits_for"],
                 c["attempts"],
                 f"{c['dispatched_by']} ({c['dispatched_token']})" if c["dispatched_by"] else "",
-                _reason(c["error"]),
             )
         )
     console.print(table)
-    _line(console, "to act, run (check the provider first for an unknown call):")
+    _line(console, "to act (check the provider first for an unknown call):")
     for c in data["calls"]:
+        error = f" ({_reason(c['error'])})" if c["error"] is not None else ""
+        _line(console, f"  {c['idempotency_key']}{error}")
         for command in c["commands"]:
-            _line(console, "  " + command)
+            _line(console, "    " + command)
         if c["note"]:
-            _line(console, f"  {c['idempotency_key']}: {c['note']}")
+            _line(console, f"    {c['note']}")
 
 
 def _reason(error: Any) -> str:
