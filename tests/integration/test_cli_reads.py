@@ -169,8 +169,8 @@ async def test_list_terminal_output(world: World) -> None:
     assert re.search(r"w-dead: expired 1m 3\ds ago, no live worker", dead), dead
     live = next(line for line in lines if "r-live" in line)
     assert re.search(r"w-live: expires in (29|30)s ", live), live
-    assert "1 unknown call(s)" in next(line for line in lines if "r-unknown" in line)
-    assert "1 approval(s)" in next(line for line in lines if "r-approve" in line)
+    assert "│ 1 unknown " in next(line for line in lines if "r-unknown" in line)
+    assert "│ 1 approval " in next(line for line in lines if "r-approve" in line)
     empty = world.invoke("list", "--status", "cancelled")
     assert (empty.exit_code, empty.stdout) == (0, "no runs\n")
 
