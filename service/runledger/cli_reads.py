@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -119,10 +121,18 @@ def _reading(database_url: str | None, connect_timeout: float) -> Iterator[Any]:
         yield conn
 
 
-def _console() -> Any:
+def _console(*, broken_pipe_raises: bool = False) -> Any:
+    """A rich console; with ``broken_pipe_raises``, a reader that went away is
+    ``BrokenPipeError`` for the caller to end on (rich's own answer is exit 1)."""
     from rich.console import Console
 
-    return Console(highlight=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            if broken_pipe_raises:
+                raise BrokenPipeError
+            super().on_broken_pipe()
+
+    return _Console(highlight=False)
 
 
 def _line(console: Any, text: str, style: str = "") -> None:
@@ -636,26 +646,33 @@ def events(
         if as_json and not follow:
             emit({"events": rows}, as_json=True)
             return
-        console = None if as_json else _console()
+        console = None if as_json else _console(broken_pipe_raises=True)
 
         def out(batch: list[dict[str, Any]]) -> None:
             for e in batch:
                 if console is None:
-                    click.echo(json.dumps(e, default=str, sort_keys=True), nl=True)
+                    click.echo(json.dumps(e, default=str, sort_keys=True))
                 else:
                     _line(console, _event_line(e))
+            sys.stdout.flush()  # a pipe is block-buffered: each poll's events go out now
 
         if not rows and console is not None and not follow:
             _line(console, "no events")
-        out(rows)
         if not follow:
+            out(rows)
             return
-        follower = EventFollower(conn, after=top, run_id=run_id, kinds=kinds)
         try:
+            out(rows)
+            follower = EventFollower(conn, after=top, run_id=run_id, kinds=kinds)
             while True:
                 time.sleep(POLL_SECONDS)
                 out(follower.poll())
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C: the way to stop following, exit 0
+            return
+        except BrokenPipeError:  # `runledger events --follow | head`: the reader left
+            # stdout is gone: point it at /dev/null so the interpreter's final flush is quiet
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
             return
 
 

@@ -464,3 +464,81 @@ def test_events_of_a_malformed_run_id_is_refused(database_url: str) -> None:
     )
     assert result.exit_code == 1
     assert type(result.exception).__name__ == "InvalidInput"
+
+
+def test_a_running_runs_unknown_call_and_an_expired_lease_whose_holder_is_alive(
+    database_url: str, admin_conn: psycopg.Connection[Any], db_clock: DbClock
+) -> None:
+    """A worker marked a call unknown and has not paused the run yet (or died first): the
+    call is listed without a command, since resolve_call refuses a running run. Its lease
+    then expires while the worker still heartbeats: 'expired, holder alive'."""
+    world = World(database_url, CliRunner())
+    _claim(admin_conn, "w-slow", "manual@1", "r-running")
+    lease_id, token = admin_conn.execute(
+        "SELECT lease_id, fencing_token FROM runledger.runs WHERE run_id = 'r-running'"
+    ).fetchone()  # type: ignore[misc]
+    calls = '[{"call_id": "c0", "tool": "charge", "args": {}}]'
+    admin_conn.execute(
+        "SELECT runledger.record_turn('r-running', %s, %s, 0, %s::jsonb)", (lease_id, token, calls)
+    )
+    admin_conn.execute(
+        "SELECT runledger.dispatch_call('r-running', %s, %s, 'r-running:0:c0')", (lease_id, token)
+    )
+    admin_conn.execute(
+        "SELECT runledger.complete_call('r-running', %s, %s, 'r-running:0:c0', 'unknown', "
+        "NULL, NULL)",
+        (lease_id, token),
+    )
+    [call] = world.json("unknown")["calls"]
+    assert (call["idempotency_key"], call["run_status"], call["commands"]) == (
+        "r-running:0:c0",
+        "running",
+        [],
+    )
+    assert call["note"].startswith("the run is running")
+    text = world.invoke("unknown").stdout
+    assert "runledger resolve" not in text
+    assert "    the run is running: its worker pauses it" in text
+
+    db_clock.advance(31)  # past the 30 s lease
+    admin_conn.execute("SELECT runledger.heartbeat_worker('w-slow')")  # still heartbeating
+    lease = world.json("show", "r-running")["lease"]
+    assert (lease["expired"], lease["verdict"]) == (True, "expired, holder alive")
+    assert lease["holder"]["liveness"] == "alive"
+    [run] = world.json("list")["runs"]
+    assert run["lease_state"] == "expired, holder alive"
+    held = world.json("workers")["workers"]
+    assert [(w["worker_id"], w["runs_held"]) for w in held] == [("w-slow", 0)]
+    shown = world.invoke("show", "r-running").stdout
+    assert "r-running:0:c0: the run is running" in shown
+
+
+def test_events_follow_stops_quietly_when_its_reader_goes_away(
+    database_url: str, admin_conn: psycopg.Connection[Any]
+) -> None:
+    """``runledger events --follow | head -1``: each poll's lines are flushed at once, and
+    the write after the reader left ends the command, exit 0, no traceback."""
+    admin_conn.execute("SELECT * FROM runledger.submit_run('p-1', 'idle', '1', '{}')")
+    env = {**os.environ, "RUNLEDGER_DATABASE_URL": database_url}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runledger", "events", "--follow"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert " p-1 submitted " in proc.stdout.readline()
+        admin_conn.execute("SELECT * FROM runledger.submit_run('p-2', 'idle', '1', '{}')")
+        assert " p-2 submitted " in proc.stdout.readline()  # flushed by its poll
+        proc.stdout.close()
+        admin_conn.execute("SELECT * FROM runledger.submit_run('p-3', 'idle', '1', '{}')")
+        code = proc.wait(timeout=20)
+        err = proc.stderr.read()
+        assert code == 0, err
+        assert "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
