@@ -37,8 +37,6 @@ from runledger.model import RunStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-RESOLVABLE = ("paused", "cancelled", "failed")  # the run states resolve_call accepts
-
 LIVENESS_RULE = (
     "A worker heartbeats every third of its lease: it is 'stopped' when it said so on "
     "the way out, 'silent' when its last heartbeat (by the database clock) is "
@@ -420,9 +418,9 @@ def commands_for(call: dict[str, Any], run_status: str) -> tuple[list[str], str 
     """The lines that act on a call waiting for a person, or why none works yet."""
     key = call["idempotency_key"]
     if call["status"] == "unknown":
-        if run_status in RESOLVABLE:
-            from runledger.cli import resolve_command
+        from runledger.cli import RESOLVABLE, resolve_command  # the group imports us
 
+        if run_status in RESOLVABLE:
             return [resolve_command(key)], None
         return (
             [],
@@ -462,7 +460,7 @@ def _print_actions(console: Any, run_status: str, calls: list[dict[str, Any]]) -
 @database_option
 @connect_option
 @_opt(
-    "--status",
+    "--liveness",
     "liveness",
     multiple=True,
     type=click.Choice(["alive", "silent", "stopped"]),
@@ -498,7 +496,7 @@ def workers(
     table = _table(
         "worker",
         "host (pid)",
-        "status",
+        "liveness",
         "heartbeat",
         "runs held",
         "flows",

@@ -316,7 +316,7 @@ async def test_workers_alive_silent_stopped(world: World) -> None:
         for w in world.json("workers", "--lease-seconds", "3600")["workers"]
     }
     assert longer["w-dead"] == "alive"
-    only = world.json("workers", "--status", "silent")
+    only = world.json("workers", "--liveness", "silent")
     assert [w["worker_id"] for w in only["workers"]] == ["w-dead"]
 
     text = world.invoke("workers").stdout

@@ -71,11 +71,8 @@ def _shown_lines() -> list[str]:
             while "[" in example:
                 example = re.sub(r"\[([^\[\]]*)\](\.\.\.)?", r"\1", example)
             example = example.replace("RUN_ID", "r-1").replace("NAME@VERSION", "n@1")
-            example = re.sub(
-                r"--status (S|alive\|silent\|stopped)",
-                "--status " + ("alive" if joined.startswith("runledger workers") else "paused"),
-                example,
-            )
+            example = example.replace("--status S", "--status paused")
+            example = example.replace("--liveness alive|silent|stopped", "--liveness silent")
             example = example.replace("--kind K", "--kind claimed").replace("2h|ISO", "2h")
             lines.append(example)
     return lines
