@@ -88,6 +88,6 @@ def test_the_command_lines_shown_parse() -> None:
 def test_the_readme_output_shows_what_it_explains() -> None:
     section = _readme_section()
     assert "lease expired, no live worker" in section
-    assert re.search(r"│ silent │", section)
+    assert re.search(r"│ silent +│", section)
     assert re.search(r"^    runledger resolve \S+ applied\|not_applied\|abandoned$", section, re.M)
     assert re.search(r"^    runledger approve \S+$", section, re.M)
