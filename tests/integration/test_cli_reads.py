@@ -542,3 +542,33 @@ def test_events_follow_stops_quietly_when_its_reader_goes_away(
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def _as_role(url: str, role: str) -> str:
+    """The URL of a session that takes ``role`` at its start (libpq ``options``)."""
+    return url + ("&" if "?" in url else "?") + f"options=-crole%3D{role}"
+
+
+async def test_the_operator_role_reads_everything_and_a_missing_grant_is_one_line(
+    world: World,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    operator = World(_as_role(database_url, "runledger_operator"), CliRunner())
+    assert len(operator.json("list")["runs"]) == 6
+    assert operator.json("show", "r-dead")["lease"]["verdict"] == "lease expired, no live worker"
+    assert len(operator.json("unknown")["calls"]) == 2
+    assert len(operator.json("workers")["workers"]) == 3
+    assert operator.json("events", "--run", "r-live")["events"][-1]["kind"] == "claimed"
+
+    # runledger_auditor reads the tables but may not call runledger.now(): one line, exit 1
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", _as_role(database_url, "runledger_auditor"))
+    monkeypatch.setattr(sys, "argv", ["runledger", "list"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1, err
+    assert err.startswith("error: RunLedgerError: the database refused the read: permission denied")
+    assert "EXECUTE on runledger.now()" in err
+    assert len(err.splitlines()) == 1

@@ -51,12 +51,22 @@ class Since:
 @contextmanager
 def read_connection(url: str, connect_timeout: float | None) -> Iterator[psycopg.Connection[Row]]:
     """A read-only autocommit connection that decodes JSON safely (never prepared:
-    each query is planned with its own parameters, so ``%s IS NULL`` folds away)."""
-    from runledger.db.execution import connect_error
+    each query is planned with its own parameters, so ``%s IS NULL`` folds away).
+
+    A driver error inside the block leaves it as a one-line runledger error: a lost
+    connection is :class:`~runledger.errors.DatabaseUnavailable`, a refusal with a
+    runledger SQLSTATE its own exception, anything else (a missing privilege) a
+    :class:`~runledger.errors.RunLedgerError` that names what the commands need."""
+    from runledger.db.execution import (
+        connect_error,
+        connect_timeout_param,
+        is_connection_error,
+        map_error,
+    )
 
     kwargs: dict[str, Any] = {"application_name": "runledger-cli"}
     if connect_timeout is not None:
-        kwargs["connect_timeout"] = max(1, round(connect_timeout))
+        kwargs["connect_timeout"] = connect_timeout_param(connect_timeout)
     try:
         conn = psycopg.connect(url, autocommit=True, row_factory=dict_row, **kwargs)
     except (psycopg.Error, OSError) as exc:
@@ -66,8 +76,31 @@ def read_connection(url: str, connect_timeout: float | None) -> Iterator[psycopg
         set_json_loads(safe_loads, conn)
         conn.execute("SET default_transaction_read_only = on")
         yield conn
+    except psycopg.Error as exc:
+        if is_connection_error(exc):
+            raise errors.DatabaseUnavailable(
+                f"lost the connection to the database while reading: {_first_line(exc)}"
+            ) from None
+        mapped = map_error(exc)
+        if mapped is not None:
+            raise mapped from None
+        hint = READ_GRANTS if exc.sqlstate == "42501" else None
+        raise errors.RunLedgerError(
+            f"the database refused the read: {_first_line(exc)}", hint=hint
+        ) from None
     finally:
         conn.close()
+
+
+READ_GRANTS = (
+    "the read commands need SELECT on the runledger tables and views and EXECUTE on "
+    "runledger.now(); runledger_operator has both"
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def _plain(value: Any) -> Any:
