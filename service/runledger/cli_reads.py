@@ -612,7 +612,7 @@ POLL_SECONDS = 0.5
 @_opt("--run", "run_id", default=None, help="Only the events of this run.")
 @_opt("--kind", "kinds", multiple=True, help="Only events of this kind (repeatable).")
 @since_option
-@limit_option(50, "events before following")
+@limit_option(50, "events (the newest; --follow then prints every new one)")
 @_opt(
     "--follow",
     is_flag=True,
