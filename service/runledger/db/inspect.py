@@ -73,6 +73,8 @@ def read_connection(url: str, connect_timeout: float | None) -> Iterator[psycopg
         raise connect_error(exc, url, connect_timeout) from None
     try:
         conn.prepare_threshold = None
+        # a read of several statements in conn.transaction() sees one snapshot
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         set_json_loads(safe_loads, conn)
         conn.execute("SET default_transaction_read_only = on")
         yield conn
@@ -315,8 +317,13 @@ def lease_verdict(lease: Row) -> str:
 
 def show_run(conn: psycopg.Connection[Row], run_id: str, *, silent_after: float) -> Row:
     """The run, its lease (with the holder's liveness), its turns with their calls, and
-    its newest :data:`TIMELINE_LIMIT` events (oldest first)."""
+    its newest :data:`TIMELINE_LIMIT` events (oldest first), from one snapshot."""
     _check_run_id(run_id)
+    with conn.transaction():  # repeatable read: the run, its calls and events agree
+        return _show_run(conn, run_id, silent_after=silent_after)
+
+
+def _show_run(conn: psycopg.Connection[Row], run_id: str, *, silent_after: float) -> Row:
     row = conn.execute(_RUN, (run_id,)).fetchone()
     if row is None:
         raise errors.RunNotFound(f"run {run_id} not found", run_id=run_id)
@@ -493,6 +500,10 @@ class EventFollower:
         self.gaps: dict[int, int] = {}  # event id -> polls left
 
     def poll(self) -> list[Row]:
+        with self.conn.transaction():  # one snapshot for the ids and the rows
+            return self._poll()
+
+    def _poll(self) -> list[Row]:
         gaps = list(self.gaps)
         ids = [
             r["event_id"]
