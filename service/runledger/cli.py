@@ -30,6 +30,7 @@ import click
 from runledger import errors
 from runledger.cli_approvals import APPROVABLE, approval_lines, approve, deny, shown_status
 from runledger.cli_doctor import doctor
+from runledger.cli_events import events
 from runledger.cli_options import (
     CONTEXT,
     FiniteFloatRange,
@@ -47,7 +48,7 @@ from runledger.cli_options import (
     json_option,
     setting_option,
 )
-from runledger.cli_reads import events, list_runs, show, unknown, workers
+from runledger.cli_reads import list_runs, show, unknown, workers
 from runledger.config import (
     with_connect_timeout,
 )

@@ -440,7 +440,8 @@ def test_events_follow_prints_new_events_until_ctrl_c(
 def test_event_follower_sees_an_event_committed_out_of_order(database_url: str) -> None:
     """Ids are taken at insert and commits land in any order: an id skipped by one poll
     (its transaction still open) is printed by a later one, once."""
-    from runledger.db.inspect import EventFollower, last_event_id, read_connection
+    from runledger.db.event_log import EventFollower, last_event_id
+    from runledger.db.inspect import read_connection
 
     with (
         psycopg.connect(database_url, autocommit=True) as admin,

@@ -1,7 +1,8 @@
-"""The operator's reads: runs, one run whole, workers, calls waiting for a person, events.
+"""The operator's reads: runs, one run whole, workers, calls waiting for a person.
 
-Read-only queries for ``runledger list | show | workers | unknown | events``
-(:mod:`runledger.cli_reads`), on one synchronous connection in a read-only session.
+Read-only queries for ``runledger list | show | workers | unknown``
+(:mod:`runledger.cli_reads`; the event log of ``runledger events`` is
+:mod:`runledger.db.event_log`), on one synchronous connection in a read-only session.
 Every time is judged by the database clock (``runledger.now()``, read once per query),
 never the local one. Each function returns plain JSON-able dicts: the ``--json`` shapes
 that docs/operating.md documents.
@@ -105,7 +106,7 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     if isinstance(value, Undecodable):
         return str(value)
     if isinstance(value, dt.datetime):
@@ -113,9 +114,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -126,7 +127,7 @@ def db_now(conn: psycopg.Connection[Row]) -> dt.datetime:
     return now
 
 
-def _since_at(conn: psycopg.Connection[Row], since: Since | None) -> dt.datetime | None:
+def since_at(conn: psycopg.Connection[Row], since: Since | None) -> dt.datetime | None:
     if since is None:
         return None
     if since.at is not None:
@@ -138,7 +139,7 @@ def _since_at(conn: psycopg.Connection[Row], since: Since | None) -> dt.datetime
     return at
 
 
-def _check_run_id(run_id: str) -> None:
+def check_run_id(run_id: str) -> None:
     check_text("run id", run_id)
     if not RUN_ID_RE.fullmatch(run_id):
         raise errors.InvalidInput(f"invalid run id {run_id[:200]!r}", run_id=None)
@@ -213,15 +214,15 @@ def list_runs(
             "statuses": list(statuses) or None,
             "flow": name or None,
             "version": version or None,
-            "since": _since_at(conn, since),
+            "since": since_at(conn, since),
             "limit": max(1, min(limit, MAX_LIMIT)),
             "silent_after": dt.timedelta(seconds=silent_after),
         },
     ).fetchall()
     return {
-        "now": _plain(now),
+        "now": plain(now),
         "silent_after_seconds": silent_after,
-        "runs": [_plain(r) for r in rows],
+        "runs": [plain(r) for r in rows],
     }
 
 
@@ -271,9 +272,9 @@ def workers(
         },
     ).fetchall()
     return {
-        "now": _plain(now),
+        "now": plain(now),
         "silent_after_seconds": silent_after,
-        "workers": [_plain(r) for r in rows],
+        "workers": [plain(r) for r in rows],
     }
 
 
@@ -318,7 +319,7 @@ def lease_verdict(lease: Row) -> str:
 def show_run(conn: psycopg.Connection[Row], run_id: str, *, silent_after: float) -> Row:
     """The run, its lease (with the holder's liveness), its turns with their calls, and
     its newest :data:`TIMELINE_LIMIT` events (oldest first), from one snapshot."""
-    _check_run_id(run_id)
+    check_run_id(run_id)
     with conn.transaction():  # repeatable read: the run, its calls and events agree
         return _show_run(conn, run_id, silent_after=silent_after)
 
@@ -357,7 +358,7 @@ def _show_run(conn: psycopg.Connection[Row], run_id: str, *, silent_after: float
     truncated = len(events) > TIMELINE_LIMIT
     run = {k: v for k, v in row.items() if k not in ("lease_id",)}
     run["lease_id"] = None if row["lease_id"] is None else str(row["lease_id"])
-    shown: Row = _plain(
+    shown: Row = plain(
         {
             "now": now,
             "silent_after_seconds": silent_after,
@@ -412,134 +413,4 @@ def waiting_calls(
     rows = conn.execute(
         _WAITING, {"run_statuses": list(statuses), "limit": max(1, min(limit, MAX_LIMIT))}
     ).fetchall()
-    return {"now": _plain(now), "calls": [_plain(r) for r in rows]}
-
-
-# -- events -----------------------------------------------------------------------------
-
-_EVENTS = """
-SELECT * FROM (
-    SELECT run_id, event_id, at, kind, actor, fencing_token, state_version, detail
-    FROM runledger.run_timeline
-    WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
-      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-      AND (%(since)s::timestamptz IS NULL OR at >= %(since)s::timestamptz)
-      AND (%(until)s::bigint IS NULL OR event_id <= %(until)s::bigint)
-    ORDER BY event_id DESC
-    LIMIT %(limit)s
-) e ORDER BY event_id
-"""
-
-
-def events(
-    conn: psycopg.Connection[Row],
-    *,
-    run_id: str | None = None,
-    kinds: Sequence[str] = (),
-    since: Since | None = None,
-    limit: int = 50,
-    until: int | None = None,
-) -> list[Row]:
-    """The newest ``limit`` events matching (with ids up to ``until``), oldest first."""
-    if run_id is not None:
-        _check_run_id(run_id)
-    rows = conn.execute(
-        _EVENTS,
-        {
-            "run_id": run_id,
-            "kinds": list(kinds) or None,
-            "since": _since_at(conn, since),
-            "until": until,
-            "limit": max(1, min(limit, MAX_LIMIT)),
-        },
-    ).fetchall()
-    return [_plain(r) for r in rows]
-
-
-# Every committed id after the watermark (the primary key only), and the gaps rechecked.
-_FOLLOW_IDS = """
-SELECT event_id FROM runledger.run_events
-WHERE event_id > %(after)s OR event_id = ANY(%(gaps)s::bigint[])
-ORDER BY event_id LIMIT %(limit)s
-"""
-
-_FOLLOW = """
-SELECT run_id, event_id, at, kind, actor, fencing_token, state_version, detail
-FROM runledger.run_timeline
-WHERE ((event_id > %(after)s AND event_id <= %(top)s) OR event_id = ANY(%(gaps)s::bigint[]))
-  AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
-  AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
-ORDER BY event_id
-"""
-
-
-class EventFollower:
-    """The events committed since the last poll, none lost to out-of-order commits.
-
-    Event ids come from a sequence: a transaction that took id 10 may commit after one
-    that took id 11. An id below the newest one seen that is not (yet) committed is a
-    gap, asked for again on each of the next ``recheck_polls`` polls (a rolled-back
-    transaction leaves its id unused for good)."""
-
-    def __init__(
-        self,
-        conn: psycopg.Connection[Row],
-        *,
-        after: int,
-        run_id: str | None = None,
-        kinds: Sequence[str] = (),
-        recheck_polls: int = 20,
-        batch: int = 5000,
-    ) -> None:
-        self.conn = conn
-        self.after = after
-        self.run_id = run_id
-        self.kinds = list(kinds) or None
-        self.recheck_polls = recheck_polls
-        self.batch = batch
-        self.gaps: dict[int, int] = {}  # event id -> polls left
-
-    def poll(self) -> list[Row]:
-        with self.conn.transaction():  # one snapshot for the ids and the rows
-            return self._poll()
-
-    def _poll(self) -> list[Row]:
-        gaps = list(self.gaps)
-        ids = [
-            r["event_id"]
-            for r in self.conn.execute(
-                _FOLLOW_IDS, {"after": self.after, "gaps": gaps, "limit": self.batch}
-            ).fetchall()
-        ]
-        fresh = [i for i in ids if i > self.after]
-        top = fresh[-1] if fresh else self.after
-        rows = self.conn.execute(
-            _FOLLOW,
-            {
-                "after": self.after,
-                "top": top,
-                "gaps": gaps,
-                "run_id": self.run_id,
-                "kinds": self.kinds,
-            },
-        ).fetchall()
-        committed = set(ids) | {r["event_id"] for r in rows}
-        for event_id in gaps:
-            self.gaps[event_id] -= 1
-            if event_id in committed or self.gaps[event_id] <= 0:
-                del self.gaps[event_id]
-        fresh_set = set(fresh)
-        for event_id in range(self.after + 1, top):
-            if event_id not in fresh_set and event_id not in committed:
-                self.gaps[event_id] = self.recheck_polls
-        self.after = top
-        return [_plain(r) for r in rows]
-
-
-def last_event_id(conn: psycopg.Connection[Row]) -> int:
-    row = conn.execute(
-        "SELECT coalesce(max(event_id), 0) AS last FROM runledger.run_events"
-    ).fetchone()
-    assert row is not None
-    last: int = row["last"]
-    return last
+    return {"now": plain(now), "calls": [plain(r) for r in rows]}
