@@ -30,6 +30,7 @@ import click
 from runledger import errors
 from runledger.cli_approvals import APPROVABLE, approval_lines, approve, deny, shown_status
 from runledger.cli_doctor import doctor
+from runledger.cli_events import events
 from runledger.cli_options import (
     CONTEXT,
     FiniteFloatRange,
@@ -47,6 +48,7 @@ from runledger.cli_options import (
     json_option,
     setting_option,
 )
+from runledger.cli_reads import list_runs, show, unknown, workers
 from runledger.config import (
     with_connect_timeout,
 )
@@ -375,6 +377,11 @@ def resolve(
 main.add_command(approve)
 main.add_command(deny)
 main.add_command(doctor)
+main.add_command(list_runs)
+main.add_command(show)
+main.add_command(workers)
+main.add_command(unknown)
+main.add_command(events)
 
 
 @main.command(context_settings=CONTEXT)

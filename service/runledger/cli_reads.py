@@ -1,0 +1,447 @@
+"""The operator's read commands: ``runledger list | show | workers | unknown`` (and
+``events``, in :mod:`runledger.cli_events`).
+
+Each prints a rich table on a terminal and, with ``--json``, one JSON document on
+stdout (``events --follow --json``: one JSON object per line); logs and errors go to
+stderr. Nothing here writes: every query runs in a read-only session
+(:mod:`runledger.db.inspect`), and every time is judged by the database clock.
+Registered on the ``runledger`` group by :mod:`runledger.cli`; errors are one line and
+the exit codes of ``runledger --help`` there, as for every command.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from runledger.cli_approvals import APPROVABLE, approval_lines
+from runledger.cli_options import (
+    CONTEXT,
+    _opt,
+    connect_option,
+    database_option,
+    emit,
+    json_option,
+)
+from runledger.cli_render import (
+    LIVENESS_RULE,
+    _ago,
+    _cells,
+    _compact,
+    _console,
+    _event_line,
+    _expiry,
+    _line,
+    _reading,
+    _table,
+    age,
+    limit_option,
+    silent_option,
+    since_option,
+    when,
+)
+from runledger.model import RunStatus
+
+# -- list -------------------------------------------------------------------------------
+
+
+@click.command("list", context_settings=CONTEXT)
+@database_option
+@connect_option
+@_opt(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice([str(s) for s in RunStatus]),
+    help="Only runs in this status (repeatable; space-separated in the env var).",
+)
+@_opt("--flow", default=None, help="Only runs of this flow: name, or name@version.")
+@since_option
+@limit_option(50, "runs")
+@silent_option
+@json_option
+def list_runs(
+    database_url: str | None,
+    connect_timeout: float,
+    statuses: tuple[str, ...],
+    flow: str | None,
+    since: Any,
+    limit: int,
+    lease_seconds: float,
+    as_json: bool,
+) -> None:
+    """List runs, newest first (by when they were submitted).
+
+    A running run's LEASE says 'live', 'expired, holder alive', or 'lease expired, no
+    live worker' (its holder stopped or is silent: see `runledger workers`); the next
+    worker of its flow to poll takes it over.
+    """
+    from runledger.db.inspect import list_runs as query
+
+    if flow is not None and (not flow or flow.startswith("@") or flow.endswith("@")):
+        raise click.BadParameter("give a name or name@version.", param_hint="'--flow'")
+    with _reading(database_url, connect_timeout) as conn:
+        data = query(
+            conn,
+            statuses=statuses,
+            flow=flow,
+            since=since,
+            limit=limit,
+            silent_after=lease_seconds,
+        )
+    if as_json:
+        emit(data, as_json=True)
+        return
+    console = _console()
+    if not data["runs"]:
+        _line(console, "no runs")
+        return
+    table = _table(
+        "run",
+        "flow",
+        "status",
+        "token",
+        "lease",
+        "created",
+        "waits for",
+        whole=("run", "flow"),
+    )
+    for r in data["runs"]:
+        lease = ""
+        if r["status"] == "running":
+            lease = f"{r['lease_owner']}: {_expiry(r['expires_in_seconds'])}"
+            if r["lease_state"] != "live":
+                lease += ", " + r["lease_state"].removeprefix("lease expired, ").removeprefix(
+                    "expired, "
+                )
+        table.add_row(
+            *_cells(
+                r["run_id"],
+                f"{r['flow']}@{r['flow_version']}",
+                r["status"],
+                r["fencing_token"],
+                lease,
+                _ago(data["now"], r["created_at"]),
+                _waits(r),
+            )
+        )
+    console.print(table)
+    if len(data["runs"]) == limit:
+        _line(console, f"(the newest {limit}; --limit for more)")
+
+
+def _waits(r: dict[str, Any]) -> str:
+    parts = []
+    if r["unknown_calls"]:
+        parts.append(f"{r['unknown_calls']} unknown")
+    if r["awaiting_approval"]:
+        parts.append(f"{r['awaiting_approval']} approval")
+    return ", ".join(parts)
+
+
+# -- show -------------------------------------------------------------------------------
+
+
+@click.command(context_settings=CONTEXT, epilog="\b\n" + LIVENESS_RULE)
+@database_option
+@connect_option
+@click.argument("run_id")
+@silent_option
+@json_option
+def show(
+    database_url: str | None,
+    connect_timeout: float,
+    run_id: str,
+    lease_seconds: float,
+    as_json: bool,
+) -> None:
+    """Show a run whole: its lease and holder, its turns with their calls, its timeline.
+
+    The lease is judged by the database clock: 'live', 'expired, holder alive' (the
+    holder is fenced at its next write), or 'lease expired, no live worker' (its holder
+    stopped, is silent or unknown): the next worker of the flow to poll takes it over.
+    Keys and commands are printed whole, whatever the terminal's width.
+    """
+    from runledger.db.inspect import TIMELINE_LIMIT, show_run
+
+    with _reading(database_url, connect_timeout) as conn:
+        data = show_run(conn, run_id, silent_after=lease_seconds)
+    if as_json:
+        emit(data, as_json=True)
+        return
+    console = _console()
+    run, now = data["run"], data["now"]
+    _line(
+        console,
+        f"{run['run_id']} {run['flow']}@{run['flow_version']} {run['status']} "
+        f"token={run['fencing_token']} state_version={run['state_version']} "
+        f"claims={run['claims']}",
+        "bold",
+    )
+    _line(
+        console,
+        f"created {when(run['created_at'])} ({_ago(now, run['created_at'])}), "
+        f"updated {when(run['updated_at'])} ({_ago(now, run['updated_at'])})"
+        + (f", finished {when(run['finished_at'])}" if run["finished_at"] else ""),
+    )
+    lease = data["lease"]
+    if lease is not None:
+        _line(
+            console,
+            f"lease: {lease['verdict']}: owner {lease['owner']}, token {lease['fencing_token']}, "
+            f"lease id {lease['lease_id']}, {_expiry(lease['expires_in_seconds'])} "
+            f"(at {when(lease['expires_at'])}, database clock)",
+        )
+        holder = lease["holder"]
+        if holder is None:
+            _line(console, f"  holder {lease['owner']}: no workers row")
+        else:
+            _line(
+                console,
+                f"  holder {holder['worker_id']} ({holder['hostname']} pid {holder['pid']}): "
+                f"{holder['liveness']}, last heartbeat {age(holder['heartbeat_age_seconds'])} ago",
+            )
+        if lease["expired"]:
+            _line(
+                console,
+                f"  the next worker of {run['flow']}@{run['flow_version']} to poll takes it over "
+                "(`runledger workers` lists who is alive)",
+            )
+    if run["pause_reason"]:
+        _line(console, f"pause reason: {run['pause_reason']}")
+    if run["error"] is not None:
+        _line(console, f"error: {_compact(run['error'])}")
+    if run["result"] is not None:
+        _line(console, f"result: {_compact(run['result'])}")
+    calls = [c for t in data["turns"] for c in t["calls"]]
+    for turn in data["turns"]:
+        _line(
+            console,
+            f"turn {turn['turn']} (token {turn['fencing_token']}, {when(turn['created_at'])}): "
+            f"{len(turn['calls'])} call(s)",
+        )
+        if turn["calls"]:
+            table = _table(
+                "key",
+                "tool",
+                "status",
+                "attempts",
+                "by (token)",
+                "receipt",
+                whole=("key",),
+            )
+            for c in turn["calls"]:
+                status = c["status"] + (f" (approval {c['approval']})" if c["approval"] else "")
+                by = f"{c['dispatched_by']} ({c['dispatched_token']})" if c["dispatched_by"] else ""
+                table.add_row(
+                    *_cells(
+                        c["idempotency_key"],
+                        c["tool"],
+                        status,
+                        c["attempts"],
+                        by,
+                        _compact(c["receipt"]),
+                    )
+                )
+            console.print(table)
+    _print_actions(console, run["status"], calls)
+    shown = len(data["timeline"])
+    _line(
+        console,
+        f"timeline: {shown} event(s)"
+        + (
+            f" (the newest {TIMELINE_LIMIT}; `runledger events --run` for all)"
+            if data["timeline_truncated"]
+            else ""
+        ),
+    )
+    for e in data["timeline"]:
+        _line(console, "  " + _event_line(e, run=False))
+
+
+def commands_for(call: dict[str, Any], run_status: str) -> tuple[list[str], str | None]:
+    """The lines that act on a call waiting for a person, or why none works yet."""
+    key = call["idempotency_key"]
+    if call["status"] == "unknown":
+        from runledger.cli import RESOLVABLE, resolve_command  # the group imports us
+
+        if run_status in RESOLVABLE:
+            return [resolve_command(key)], None
+        return (
+            [],
+            "the run is running: its worker pauses it (or, its lease expired, the worker "
+            "that takes it over does); resolve it then",
+        )
+    if run_status in APPROVABLE:
+        return list(approval_lines(key)), None
+    return [], "the run is running: it pauses when its worker reaches the call; decide then"
+
+
+def _print_actions(console: Any, run_status: str, calls: list[dict[str, Any]]) -> None:
+    unknown = [c for c in calls if c["status"] == "unknown"]
+    awaiting = [c for c in calls if c["approval"] == "pending" and c["status"] == "planned"]
+    if unknown:
+        _line(console, f"{len(unknown)} unknown call(s): check the provider, then run one of")
+    for c in unknown:
+        lines, why = commands_for(c, run_status)
+        for command in lines:
+            _line(console, "  " + command)
+        if why:
+            _line(console, f"  {c['idempotency_key']}: {why}")
+    if awaiting:
+        _line(console, f"{len(awaiting)} call(s) await approval: run one of the two lines for each")
+    for c in awaiting:
+        lines, why = commands_for(c, run_status)
+        for command in lines:
+            _line(console, "  " + command)
+        if why:
+            _line(console, f"  {c['idempotency_key']}: {why}")
+
+
+# -- workers ----------------------------------------------------------------------------
+
+
+@click.command(context_settings=CONTEXT, epilog="\b\n" + LIVENESS_RULE)
+@database_option
+@connect_option
+@_opt(
+    "--liveness",
+    "liveness",
+    multiple=True,
+    type=click.Choice(["alive", "silent", "stopped"]),
+    help="Only workers in this state (repeatable).",
+)
+@limit_option(50, "workers")
+@silent_option
+@json_option
+def workers(
+    database_url: str | None,
+    connect_timeout: float,
+    liveness: tuple[str, ...],
+    limit: int,
+    lease_seconds: float,
+    as_json: bool,
+) -> None:
+    """List workers: alive, silent or stopped, heartbeat age, runs held.
+
+    RUNS HELD counts the running runs whose lease this worker holds and has not
+    expired, by the database clock. Alive first, then silent, then stopped.
+    """
+    from runledger.db.inspect import workers as query
+
+    with _reading(database_url, connect_timeout) as conn:
+        data = query(conn, silent_after=lease_seconds, liveness=liveness, limit=limit)
+    if as_json:
+        emit(data, as_json=True)
+        return
+    console = _console()
+    if not data["workers"]:
+        _line(console, "no workers")
+        return
+    table = _table(
+        "worker",
+        "host (pid)",
+        "liveness",
+        "heartbeat",
+        "runs held",
+        "flows",
+        "started",
+        whole=("worker", "flows"),
+    )
+    for w in data["workers"]:
+        table.add_row(
+            *_cells(
+                w["worker_id"],
+                f"{w['hostname']} ({w['pid']})",
+                w["liveness"],
+                f"{age(w['heartbeat_age_seconds'])} ago",
+                w["runs_held"],
+                " ".join(w["flows"]),
+                _ago(data["now"], w["started_at"]),
+            )
+        )
+    console.print(table)
+    _line(console, f"silent: no heartbeat for {lease_seconds:g} s (--lease-seconds)")
+
+
+# -- unknown ----------------------------------------------------------------------------
+
+
+@click.command(context_settings=CONTEXT)
+@database_option
+@connect_option
+@_opt(
+    "--include-finished",
+    is_flag=True,
+    help="Also the calls of cancelled and failed runs (slower: reads every such run's calls).",
+)
+@limit_option(1000, "calls")
+@json_option
+def unknown(
+    database_url: str | None,
+    connect_timeout: float,
+    include_finished: bool,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Every call waiting for a person: unknown calls and calls awaiting approval.
+
+    Each with its run, tool, attempts, the token it was last dispatched under, who
+    dispatched it, its error, and the exact command to run (`runledger resolve ...` for
+    an unknown call once you know what the provider did; `runledger approve ...` or
+    `runledger deny ...` for an approval). A call of a running run has no command yet:
+    its worker pauses the run first. Oldest first.
+    """
+    from runledger.db.inspect import waiting_calls
+
+    with _reading(database_url, connect_timeout) as conn:
+        data = waiting_calls(conn, include_finished=include_finished, limit=limit)
+    for c in data["calls"]:
+        lines, why = commands_for(c, c["run_status"])
+        c["commands"] = lines
+        c["note"] = why
+    if as_json:
+        emit(data, as_json=True)
+        return
+    console = _console()
+    if not data["calls"]:
+        _line(console, "no call is waiting for a person")
+        return
+    table = _table(
+        "key",
+        "run",
+        "tool",
+        "waits for",
+        "attempts",
+        "sent by (token)",
+        whole=("key",),
+    )
+    for c in data["calls"]:
+        table.add_row(
+            *_cells(
+                c["idempotency_key"],
+                c["run_status"],
+                c["tool"],
+                c["waits_for"],
+                c["attempts"],
+                f"{c['dispatched_by']} ({c['dispatched_token']})" if c["dispatched_by"] else "",
+            )
+        )
+    console.print(table)
+    _line(console, "to act (check the provider first for an unknown call):")
+    for c in data["calls"]:
+        error = f" ({_reason(c['error'])})" if c["error"] is not None else ""
+        _line(console, f"  {c['idempotency_key']}{error}")
+        for command in c["commands"]:
+            _line(console, "    " + command)
+        if c["note"]:
+            _line(console, f"    {c['note']}")
+
+
+def _reason(error: Any) -> str:
+    """A call's error in a cell: its reason when it has one (``--json`` has it whole)."""
+    reason = error.get("reason") if isinstance(error, dict) else None
+    if isinstance(reason, str):
+        return reason
+    return _compact(error)
