@@ -206,9 +206,11 @@ def test_a_claim_from_a_worker_whose_listener_session_ended_claims_nothing(
     submit(worker, "r2")
     listener.close()  # w1's process is gone; a claim it sent is still on its way
     wait_for(
-        lambda: not scalar(
-            admin_conn,
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+        lambda: (
+            not scalar(
+                admin_conn,
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+            )
         ),
         what="the ended session's lock freed",
     )

@@ -566,8 +566,19 @@ async def test_the_operator_role_reads_everything_and_a_missing_grant_is_one_lin
     assert len(operator.json("workers")["workers"]) == 3
     assert operator.json("events", "--run", "r-live")["events"][-1]["kind"] == "claimed"
 
-    # runledger_auditor reads the tables but may not call runledger.now(): one line, exit 1
-    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", _as_role(database_url, "runledger_auditor"))
+    # runledger_auditor reads the tables and, since revision 0012, the database clock
+    auditor = World(_as_role(database_url, "runledger_auditor"), CliRunner())
+    assert len(auditor.json("list")["runs"]) == 6
+    assert auditor.json("show", "r-dead")["lease"]["verdict"] == "lease expired, no live worker"
+    assert len(auditor.json("unknown")["calls"]) == 2
+
+    # a role without a grant it needs gets one line, exit 1: PUBLIC may not read the clock
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS rl_reads_nobody")
+        admin.execute("CREATE ROLE rl_reads_nobody NOLOGIN")
+        admin.execute("GRANT USAGE ON SCHEMA runledger TO rl_reads_nobody")
+        admin.execute("GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO rl_reads_nobody")
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", _as_role(database_url, "rl_reads_nobody"))
     monkeypatch.setattr(sys, "argv", ["runledger", "list"])
     with pytest.raises(SystemExit) as exit_:
         cli.run()

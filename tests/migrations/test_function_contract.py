@@ -31,6 +31,7 @@ class Fn(NamedTuple):
 
 WORKER = "runledger_worker"
 OPERATOR = "runledger_operator"
+AUDITOR = "runledger_auditor"
 
 CONTRACT: list[Fn] = [
     Fn(
@@ -475,7 +476,7 @@ def test_every_function_is_pinned_or_a_helper_only_pinned_code_reaches(
     assert set(loose) == UNPINNED
     assert [f for f, r in loose.items() if r["prosecdef"] or r["is_trigger"]] == []
     granted = {f: r["grantees"] for f, r in loose.items() if r["grantees"]}
-    assert granted == {"runledger.now()": [OPERATOR, WORKER]}
+    assert granted == {"runledger.now()": [AUDITOR, OPERATOR, WORKER]}  # auditor: 0012
     assert [r["fn"] for r in rows if r["public_exec"]] == []
 
 

@@ -28,6 +28,8 @@ BEGIN
         GRANT USAGE ON SCHEMA runledger TO runledger_auditor;
         GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO runledger_auditor;
         REVOKE ALL ON runledger.prune_authorizations FROM runledger_auditor;
+        -- revision 0012: the clock, which every read of the CLI judges by (read-only)
+        GRANT EXECUTE ON FUNCTION runledger.now() TO runledger_auditor;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
         GRANT USAGE ON SCHEMA runledger TO runledger_worker;
