@@ -1,4 +1,7 @@
--- runledger 0012 down: back to 0011 exactly (the auditor executes no function).
+-- runledger 0012 down: back to 0011 exactly (the auditor executes no function; no index
+-- on created_at).
+
+DROP INDEX runledger.ix_runs_created_at;
 
 DO $roles$
 BEGIN

@@ -1,5 +1,6 @@
 """runledger_auditor may execute runledger.now() (issue "Operate and observe"): the read
-commands judge every lease and age by the database clock. The downgrade revokes it.
+commands judge every lease and age by the database clock; and ``ix_runs_created_at``
+for ``runledger list``. The downgrade revokes the grant and drops the index.
 
 Revision ID: 0012
 Revises: 0011

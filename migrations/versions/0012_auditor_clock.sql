@@ -2,7 +2,10 @@
 -- every read command of the CLI (runledger list, show, workers, unknown, events) judges
 -- leases and ages by. now() only reads the clock and runledger.settings (which the
 -- auditor may read anyway); the auditor still executes no other function.
+-- And ix_runs_created_at, for `runledger list` (newest first) on a large table.
 -- Frozen once merged: change things in a new revision (and in the living files).
+
+CREATE INDEX ix_runs_created_at ON runledger.runs (created_at, run_id);
 
 DO $roles$
 BEGIN

@@ -157,10 +157,9 @@ CASE WHEN l.status <> 'running' THEN NULL
      ELSE 'lease expired, no live worker' END
 """
 
-# Newest first. With --status the rows come from ix_runs_status; without it (or for a
-# status most runs have) PostgreSQL reads the table once and keeps the newest `limit`
-# (a top-N sort): no index orders runs by created_at (docs/operating.md, "Cost"). The
-# holders are looked up for the `limit` rows only.
+# Newest first: ix_runs_created_at (revision 0012) read backwards, or, with a rare
+# --status, ix_runs_status (docs/operating.md, "Cost"). The holders are looked up for the
+# `limit` rows only.
 _LIST = (
     """
 WITH clock AS (SELECT runledger.now() AS now)

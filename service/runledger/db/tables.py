@@ -117,6 +117,8 @@ Index(
     postgresql_where=runs.c.status.in_(["queued", "running"]),
 )
 Index("ix_runs_status", runs.c.status)
+# revision 0012: runledger list, newest first
+Index("ix_runs_created_at", runs.c.created_at, runs.c.run_id)
 Index(
     "ix_runs_lease_expiry",
     runs.c.lease_expires_at,

@@ -49,6 +49,9 @@ CREATE INDEX ix_runs_claimable ON runledger.runs (flow, flow_version, priority D
     WHERE status IN ('queued', 'running');
 CREATE INDEX ix_runs_status ON runledger.runs (status);
 CREATE INDEX ix_runs_lease_expiry ON runledger.runs (lease_expires_at) WHERE status = 'running';
+-- revision 0012: `runledger list`, newest first (created_at never changes: the row's
+-- other updates stay heap-only)
+CREATE INDEX ix_runs_created_at ON runledger.runs (created_at, run_id);
 -- revision 0011: the distinct holder sessions of running runs (runledger._gone_sessions)
 CREATE INDEX ix_runs_lease_lock ON runledger.runs (lease_lock)
     WHERE status = 'running' AND lease_lock IS NOT NULL;
