@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runledger.db import migrate
 from runledger.testing import wait_for
-from tests.process.conftest import run_row, submit, wait_status
+from tests.process.conftest import LEASE, events, run_row, submit, wait_status
 
 pytestmark = pytest.mark.process
 
@@ -93,9 +93,12 @@ def test_metrics_readyz_and_json_lines_of_a_real_worker(
     submit(admin_conn, "m-queued", [[{"tool": "ticket"}]])
 
     found = wait_for(
-        lambda: (m := samples(port))
-        and value(m, "runledger_calls_total", flow=FLOW, tool="ticket", outcome="succeeded") == 1
-        and m,
+        lambda: (
+            (m := samples(port))
+            and value(m, "runledger_calls_total", flow=FLOW, tool="ticket", outcome="succeeded")
+            == 1
+            and m
+        ),
         what="the first run's call counted",
     )
     assert value(found, "runledger_runs_claimed_total", flow=FLOW) == 2
@@ -146,12 +149,15 @@ def test_metrics_readyz_and_json_lines_of_a_real_worker(
         (dispatched,) = lifecycle("call dispatched", run_id)
         assert dispatched.items() >= {**me, "fencing_token": 1, "call": f"{run_id}:0:c0"}.items()
         (completed,) = lifecycle("call completed", run_id)
-        assert completed.items() >= {
-            **me,
-            "fencing_token": 1,
-            "call": f"{run_id}:0:c0",
-            "outcome": "succeeded",
-        }.items()
+        assert (
+            completed.items()
+            >= {
+                **me,
+                "fencing_token": 1,
+                "call": f"{run_id}:0:c0",
+                "outcome": "succeeded",
+            }.items()
+        )
     (finished,) = lifecycle("run finished", "m-ok")
     assert finished.items() >= {**me, "fencing_token": 1, "status": "succeeded"}.items()
     (released,) = lifecycle("run released", "m-gated")
@@ -170,3 +176,48 @@ def test_http_port_in_use_is_one_line(workers: Any, lease_args: list[str]) -> No
         )
         assert workers.wait(w0, timeout=60) == 2, workers.log(w0)
     assert f"--http-port {port} on 127.0.0.1" in workers.log(w0)
+
+
+def test_takeovers_are_counted_by_why_the_run_could_be_taken(
+    workers: Any, provider: Any, admin_conn: Any, db_clock: Any, lease_args: list[str]
+) -> None:
+    # a frozen worker keeps its session: its run is taken when the lease expires
+    (w0,) = workers.start(1, args=lease_args)
+    submit(admin_conn, "t-expired", [[{"tool": "ticket", "args": {"gate": "ga"}}]])
+    provider.client.wait_for_held("ga")
+    workers.stop(w0)
+    db_clock.advance(LEASE + 1)
+    port = free_port()
+    http = ["--http-port", str(port), "--http-host", "127.0.0.1", "--concurrency", "1"]
+    (w1,) = workers.start(1, args=[*lease_args, *http])
+    wait_for(lambda: run_row(admin_conn, "t-expired")["fencing_token"] == 2, what="w1's takeover")
+
+    # a killed worker's session ends: its run is taken at once (w1's one slot is busy
+    # until the gate opens, so w2 claims it; w2's lease is the default 30 s)
+    (w2,) = workers.start(1)
+    submit(admin_conn, "t-session", [[{"tool": "ticket", "args": {"gate": "gb"}}]])
+    wait_for(lambda: run_row(admin_conn, "t-session")["lease_owner"] == "w2", what="w2's claim")
+    workers.kill(w2)
+    provider.client.open_gate("ga")
+    wait_status(admin_conn, "t-expired", ("succeeded",))
+    wait_for(lambda: run_row(admin_conn, "t-session")["lease_owner"] == "w1", what="w1 takes it")
+    provider.client.open_gate("gb")
+    wait_status(admin_conn, "t-session", ("succeeded",))
+
+    found = wait_for(
+        lambda: (
+            (m := samples(port))
+            and value(m, "runledger_takeovers_total", flow=FLOW, holder="session_ended") == 1
+            and m
+        ),
+        what="the second takeover counted",
+    )
+    assert value(found, "runledger_takeovers_total", flow=FLOW, holder="expired") == 1
+    assert value(found, "runledger_takeovers_total", flow=FLOW, holder="unknown") == 0
+    assert value(found, "runledger_runs_claimed_total", flow=FLOW) == 2
+    assert value(found, "runledger_runs_finished_total", flow=FLOW, status="succeeded") == 2
+    assert value(found, "runledger_queue_depth", flow=FLOW, status="running") == 0
+    (takeover,) = [e for e in events(admin_conn, "t-session", "takeover") if e["actor"] == "w1"]
+    assert takeover["detail"]["holder"] == "session_ended"
+    workers.terminate(w1)
+    assert workers.wait(w1) == 0, workers.log(w1)

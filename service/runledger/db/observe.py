@@ -5,6 +5,8 @@ worker's hot path:
 
 - :func:`queue_depth`: queued and running runs per ``name@version`` the worker serves,
   through ``ix_runs_claimable`` (a partial index on exactly those two statuses);
+- :func:`takeover_holder`: why a run this worker took over could be taken (``expired``
+  or ``session_ended``), from its ``takeover`` event (one row, by ``ix_run_events_run_id``);
 - :func:`schema_revision`: the revision in ``runledger.alembic_version``, or, for a role
   that may not read it (``runledger_worker`` is granted only what a worker needs), None.
 """
@@ -40,6 +42,21 @@ async def queue_depth(
     for name, version, status, n in await cur.fetchall():
         found[(f"{name}@{version}", status)] = int(n)
     return found
+
+
+async def takeover_holder(
+    conn: psycopg.AsyncConnection[Any], run_id: str, fencing_token: int
+) -> str | None:
+    """``detail.holder`` of the ``takeover`` event that granted ``fencing_token``."""
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(
+        "SELECT detail->>'holder' FROM runledger.run_events "
+        "WHERE run_id = %s AND kind = 'takeover' AND fencing_token = %s "
+        "ORDER BY event_id DESC LIMIT 1",
+        (run_id, fencing_token),
+    )
+    row = await cur.fetchone()
+    return None if row is None or row[0] is None else str(row[0])
 
 
 async def schema_revision(conn: psycopg.AsyncConnection[Any]) -> str | None:

@@ -22,6 +22,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from runledger.db import migrate, observe
+from runledger.model import ClaimedRun
 from runledger.worker.metrics import PrometheusMetrics
 
 if TYPE_CHECKING:
@@ -42,6 +43,14 @@ class HealthServer:
         self.port = port
         self.head = migrate.head()
         self._server: asyncio.Server | None = None
+        metrics.read_holder = self._holder
+
+    async def _holder(self, run: ClaimedRun) -> str | None:
+        store = self.worker.store
+        if store is None:
+            return None
+        async with store.pool.connection() as conn:
+            return await observe.takeover_holder(conn, run.run_id, run.fencing_token)
 
     @property
     def bound_port(self) -> int:

@@ -9,10 +9,16 @@ a contract (docs/operating.md, "Metrics and health"); each worker has its own re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 
 from runledger.errors import ConfigurationError
 from runledger.model import ClaimedRun
+
+log = logging.getLogger(__name__)
+
+HOLDERS = ("expired", "session_ended")
 
 INSTALL_HINT = "--http-port needs prometheus-client: pip install 'runledger-pg[metrics]'"
 
@@ -60,6 +66,10 @@ class PrometheusMetrics(Metrics):
             import prometheus_client as p
         except ImportError:
             raise ConfigurationError(INSTALL_HINT) from None
+        # why a taken-over run could be taken: claim_runs_v3 does not say, its takeover
+        # event does (set by the health server: one read per takeover, off the run's path)
+        self.read_holder: Callable[[ClaimedRun], Awaitable[str | None]] | None = None
+        self._reading: set[asyncio.Task[None]] = set()
         self.registry = r = p.CollectorRegistry(auto_describe=True)
         self._claimed = p.Counter(
             "runledger_runs_claimed", "Runs claimed (takeovers too).", ["flow"], registry=r
@@ -122,9 +132,18 @@ class PrometheusMetrics(Metrics):
         flow = flow_label(run)
         self._claimed.labels(flow).inc()
         if run.takeover:
-            # claim_runs_v3 says that a run was taken over, not why: "unknown" until a
-            # claim function returns the holder (the takeover event records it)
-            self._takeovers.labels(flow, "unknown").inc()
+            task = asyncio.get_running_loop().create_task(self._takeover(run, flow))
+            self._reading.add(task)
+            task.add_done_callback(self._reading.discard)
+
+    async def _takeover(self, run: ClaimedRun, flow: str) -> None:
+        holder: str | None = None
+        try:
+            if self.read_holder is not None:
+                holder = await asyncio.wait_for(self.read_holder(run), timeout=5.0)
+        except Exception as exc:
+            log.info("takeover holder not read: %r", exc, extra={"run_id": run.run_id})
+        self._takeovers.labels(flow, holder if holder in HOLDERS else "unknown").inc()
 
     def finished(self, run: ClaimedRun, status: str) -> None:
         self._finished.labels(flow_label(run), status).inc()
