@@ -26,8 +26,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def get(port: int, path: str) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+def get(port: int, path: str, timeout: float = 10.0) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("GET", path)
         response = conn.getresponse()
@@ -182,10 +182,17 @@ def test_takeovers_are_counted_by_why_the_run_could_be_taken(
     workers: Any, provider: Any, admin_conn: Any, db_clock: Any, lease_args: list[str]
 ) -> None:
     # a frozen worker keeps its session: its run is taken when the lease expires
-    (w0,) = workers.start(1, args=lease_args)
+    frozen = free_port()
+    (w0,) = workers.start(
+        1, args=[*lease_args, "--http-port", str(frozen), "--http-host", "127.0.0.1"]
+    )
     submit(admin_conn, "t-expired", [[{"tool": "ticket", "args": {"gate": "ga"}}]])
     provider.client.wait_for_held("ga")
+    assert get(frozen, "/livez") == (200, "ok\n")
     workers.stop(w0)
+    # its event loop cannot answer: /livez does not either (the kernel still accepts)
+    with pytest.raises(TimeoutError):
+        get(frozen, "/livez", timeout=1.0)
     db_clock.advance(LEASE + 1)
     port = free_port()
     http = ["--http-port", str(port), "--http-host", "127.0.0.1", "--concurrency", "1"]
