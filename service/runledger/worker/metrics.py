@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from runledger.errors import ConfigurationError
 from runledger.model import ClaimedRun
@@ -70,6 +71,7 @@ class PrometheusMetrics(Metrics):
         # event does (set by the health server: one read per takeover, off the run's path)
         self.read_holder: Callable[[ClaimedRun], Awaitable[str | None]] | None = None
         self._reading: set[asyncio.Task[None]] = set()
+        self._children: dict[tuple[str, str, str, str], tuple[Any, Any]] = {}
         self.registry = r = p.CollectorRegistry(auto_describe=True)
         self._claimed = p.Counter(
             "runledger_runs_claimed", "Runs claimed (takeovers too).", ["flow"], registry=r
@@ -151,9 +153,16 @@ class PrometheusMetrics(Metrics):
     def call_completed(
         self, run: ClaimedRun, tool: str, outcome: str, seconds: float | None
     ) -> None:
-        self._calls.labels(flow_label(run), tool, outcome).inc()
+        key = (run.flow, run.flow_version, tool, outcome)
+        children = self._children.get(key)
+        if children is None:  # labels() looks its child up under a lock: once per key
+            children = self._children[key] = (
+                self._calls.labels(flow_label(run), tool, outcome),
+                self._call_seconds.labels(tool),
+            )
+        children[0].inc()
         if seconds is not None:
-            self._call_seconds.labels(tool).observe(seconds)
+            children[1].observe(seconds)
 
     def renewed(self, leases: int) -> None:
         self._renewals.inc(leases)
