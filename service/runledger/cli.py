@@ -140,6 +140,13 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
 
         raise connect_error(exc, url, None) from None
     settings = settings.model_copy(update={"database_url": url})
+    if settings.http_port is not None:
+        import importlib.util
+
+        from runledger.worker.metrics import INSTALL_HINT
+
+        if importlib.util.find_spec("prometheus_client") is None:
+            raise click.UsageError(INSTALL_HINT)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:

@@ -23,10 +23,12 @@ from runledger.cli_options import (
 @connect_option
 @json_option
 def doctor(database_url: str | None, connect_timeout: float, as_json: bool) -> None:
-    """Check the connection, server, schema revision and replication; exit 1 on a problem.
+    """Check the connection, server, schema revision, replication, roles and clock; show
+    the settings (secrets redacted); exit 1 on a problem.
 
     A warning is a setting under which a guarantee does not hold: an asynchronous
-    standby, which a failover can promote with the last commits lost (docs/failover.md).
+    standby, which a failover can promote with the last commits lost (docs/failover.md);
+    a missing role; this host's clock more than a second off the database's.
     """
     from runledger.doctor import run_doctor
 

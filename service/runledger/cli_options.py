@@ -11,7 +11,8 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import click
 from click.core import ParameterSource
@@ -60,6 +61,8 @@ class FiniteFloatRange(click.FloatRange):
 
 def _setting_type(name: str) -> click.ParamType[Any, Any]:
     annotation = Settings.model_fields[name].annotation
+    if get_origin(annotation) in (Union, UnionType):  # an optional number: its type's range
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
     if get_origin(annotation) is Literal:
         return click.Choice([str(a) for a in get_args(annotation)], case_sensitive=False)
     if annotation in (int, float):

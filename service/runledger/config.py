@@ -112,6 +112,18 @@ class Settings(ConnectionSettings):
         "a worker that died are taken over at once, not when their leases expire (off "
         "behind a pooler that does not keep sessions; see docs/leases.md).",
     )
+    http_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve /livez, /readyz and /metrics on this port (off unless given; "
+        "0: any free port, logged). Needs the metrics extra (prometheus-client).",
+    )
+    http_host: str = Field(
+        default="0.0.0.0",
+        min_length=1,
+        description="Address the --http-port server listens on.",
+    )
     log_json: bool = Field(default=False, description="JSON log lines on stderr.")
     log_level: LogLevel = Field(default="INFO", description="Log level.")
 

@@ -6,20 +6,34 @@ some guarantee does not hold (an asynchronous standby: a failover to it loses co
 see docs/failover.md); ``fail``, something a worker cannot work with (no connection, a
 standby, a schema behind). ``runledger doctor`` exits 1 when any check is not ``ok``.
 Read-only: nothing is written.
+
+The checks: the connection; the server (version, primary or standby); the schema
+revision against this code's head; replication (synchronous or not); the timelines seen;
+the roles the schema grants to; this host's clock against the database's (warn past
+:data:`MAX_CLOCK_SKEW`); the settings it ran with and the ``RUNLEDGER_*`` environment,
+the URL's password and any variable named like a secret redacted.
 """
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from runledger.db import migrate
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 MIN_SERVER = 130000  # gen_random_uuid() without an extension
+ROLES = ("runledger_worker", "runledger_operator", "runledger_auditor")
+MAX_CLOCK_SKEW = 1.0  # seconds between this host's clock and the database's
+REDACTED = "***"
+_SECRET_WORDS = ("PASSWORD", "SECRET", "TOKEN", "KEY")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +182,81 @@ def timelines(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     )
 
 
+def roles(conn: psycopg.Connection[dict[str, Any]]) -> Result:
+    """The three roles the schema grants to (docs/design.md): without them every login
+    needs the owner's privileges."""
+    rows = conn.execute(
+        "SELECT rolname FROM pg_roles WHERE rolname = ANY (%s)", (list(ROLES),)
+    ).fetchall()
+    present = sorted(r["rolname"] for r in rows)
+    missing = [r for r in ROLES if r not in present]
+    data = {"present": present, "missing": missing}
+    if missing:
+        return Result(
+            "roles",
+            WARN,
+            f"missing role(s) {', '.join(missing)}: create them as an admin and run "
+            "`runledger migrate` again (it grants to them)",
+            data,
+        )
+    return Result("roles", OK, f"roles present: {', '.join(present)}", data)
+
+
+def clock(conn: psycopg.Connection[dict[str, Any]]) -> Result:
+    """This host's clock against the database's (``clock_timestamp()``, taken halfway
+    through the round trip). runledger judges time by the database alone; a host far off
+    still misleads the people reading its logs and the times it prints."""
+    before = time.time()
+    row = _one(conn, "SELECT extract(epoch FROM clock_timestamp())::float8 AS at")
+    after = time.time()
+    skew = float(row["at"]) - (before + after) / 2
+    data = {"skew_seconds": round(skew, 4), "round_trip_seconds": round(after - before, 4)}
+    side = "ahead of" if skew >= 0 else "behind"
+    said = f"the database's clock is {abs(skew):.3f} s {side} this host's"
+    if abs(skew) > MAX_CLOCK_SKEW:
+        return Result("clock", WARN, f"{said} (more than {MAX_CLOCK_SKEW:g} s): check NTP", data)
+    return Result("clock", OK, said, data)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced (then in libpq's ``key=value`` form); one that
+    cannot be parsed is not shown at all."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        return REDACTED
+    if "password" not in params:
+        return url
+    params["password"] = REDACTED
+    return make_conninfo("", **params)
+
+
+def settings(
+    database_url: str, connect_timeout: float, environ: Mapping[str, str] | None = None
+) -> Result:
+    """What doctor ran with and the ``RUNLEDGER_*`` environment, secrets redacted."""
+    env = os.environ if environ is None else environ
+    shown: dict[str, str] = {}
+    for name in sorted(env):
+        if not (name.startswith("RUNLEDGER_") or name == "DATABASE_URL"):
+            continue
+        value = env[name]
+        if name.endswith("DATABASE_URL"):
+            value = redact_url(value)
+        elif any(word in name for word in _SECRET_WORDS):
+            value = REDACTED
+        shown[name] = value
+    data = {
+        "database_url": redact_url(database_url),
+        "connect_timeout": connect_timeout,
+        "environment": shown,
+    }
+    return Result("settings", OK, f"database {data['database_url']}", data)
+
+
 def run_doctor(database_url: str, *, connect_timeout: float) -> list[Result]:
     """Every check, in order; one that cannot run (no connection, no schema) ends the
-    list with its failure."""
+    checks of the database with its failure. The settings (redacted) come last, always."""
     try:
         conn = psycopg.connect(
             database_url,
@@ -181,7 +267,10 @@ def run_doctor(database_url: str, *, connect_timeout: float) -> list[Result]:
         )
     except psycopg.Error as exc:
         reason = " ".join(str(exc).split())
-        return [Result("connection", FAIL, f"cannot connect: {reason}", {})]
+        return [
+            Result("connection", FAIL, f"cannot connect: {reason}", {}),
+            settings(database_url, connect_timeout),
+        ]
     results = [Result("connection", OK, "connected", {})]
     with conn:
         conn.execute("SET default_transaction_read_only = on")
@@ -190,4 +279,7 @@ def run_doctor(database_url: str, *, connect_timeout: float) -> list[Result]:
         results.append(replication(conn))
         if results[-2].ok and not results[1].data.get("standby"):
             results.append(timelines(conn))
+        results.append(roles(conn))
+        results.append(clock(conn))
+    results.append(settings(database_url, connect_timeout))
     return results

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import psycopg
+import pytest
 from click.testing import CliRunner
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from runledger import doctor
 from runledger.cli import main
 from runledger.db import migrate
 from runledger.doctor import run_doctor
@@ -19,14 +23,29 @@ def _by_check(results: list[Any]) -> dict[str, Any]:
 
 def test_a_primary_at_head_without_standbys_is_healthy(database_url: str) -> None:
     results = _by_check(run_doctor(database_url, connect_timeout=5))
-    assert list(results) == ["connection", "server", "schema", "replication", "timeline"]
+    assert list(results) == [
+        "connection",
+        "server",
+        "schema",
+        "replication",
+        "timeline",
+        "roles",
+        "clock",
+        "settings",
+    ]
     assert all(r.ok for r in results.values()), results
+    assert results["server"].data["num"] >= 130000 and results["server"].data["version"]
+    assert results["roles"].data == {
+        "present": ["runledger_auditor", "runledger_operator", "runledger_worker"],
+        "missing": [],
+    }
+    assert abs(results["clock"].data["skew_seconds"]) < 1
     assert results["schema"].data == {"revision": migrate.head(), "head": migrate.head()}
     assert results["replication"].data["standbys"] == []
     assert "no failover recorded" in results["timeline"].detail
     result = CliRunner().invoke(main, ["doctor", "--database-url", database_url, "--json"])
     assert result.exit_code == 0, result.output
-    assert [r["status"] for r in json.loads(result.output)] == ["ok"] * 5
+    assert [r["status"] for r in json.loads(result.output)] == ["ok"] * 8
 
 
 def test_a_schema_behind_the_code_fails(
@@ -56,8 +75,57 @@ def test_a_recorded_failover_is_listed(
 
 def test_no_server_is_one_failed_check() -> None:
     url = "postgresql://postgres@127.0.0.1:1/nothing"
-    (result,) = run_doctor(url, connect_timeout=2)
+    result, shown = run_doctor(url, connect_timeout=2)
     assert (result.check, result.status) == ("connection", "fail")
+    assert (shown.check, shown.data["database_url"]) == ("settings", url)
     out = CliRunner().invoke(main, ["doctor", "--database-url", url, "--connect-timeout", "2"])
     assert out.exit_code == 1
     assert out.output.startswith("fail connection: cannot connect")
+
+
+def test_a_missing_role_warns_and_exits_1(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doctor, "ROLES", (*doctor.ROLES, "runledger_nobody"))
+    results = _by_check(run_doctor(database_url, connect_timeout=5))
+    assert results["roles"].status == "warn"
+    assert results["roles"].data["missing"] == ["runledger_nobody"]
+    result = CliRunner().invoke(main, ["doctor", "--database-url", database_url])
+    assert result.exit_code == 1
+    assert "warn roles: missing role(s) runledger_nobody" in result.output
+
+
+def test_a_host_clock_off_the_database_warns(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = time.time
+    monkeypatch.setattr(doctor.time, "time", lambda: real() - 5.0)  # this host 5 s behind
+    results = _by_check(run_doctor(database_url, connect_timeout=5))
+    assert results["clock"].status == "warn"
+    assert 4 < results["clock"].data["skew_seconds"] < 6
+    assert "ahead of this host's (more than 1 s)" in results["clock"].detail
+
+
+def test_settings_are_shown_with_secrets_redacted(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    params = conninfo_to_dict(database_url)
+    params["password"] = "hunter2-secret"
+    with_password = make_conninfo("", **params)
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", "postgresql://u:hunter2-secret@h/db")
+    monkeypatch.setenv("RUNLEDGER_API_TOKEN", "hunter2-secret")
+    monkeypatch.setenv("RUNLEDGER_LEASE_SECONDS", "12")
+    result = CliRunner().invoke(
+        main, ["doctor", "--database-url", with_password, "--connect-timeout", "3", "--json"]
+    )
+    assert "hunter2" not in result.output
+    (settings,) = [r for r in json.loads(result.output) if r["check"] == "settings"]
+    assert settings["status"] == "ok"
+    assert conninfo_to_dict(settings["data"]["database_url"])["password"] == "***"
+    assert settings["data"]["connect_timeout"] == 3
+    env = settings["data"]["environment"]
+    assert env["RUNLEDGER_LEASE_SECONDS"] == "12"
+    assert env["RUNLEDGER_API_TOKEN"] == "***"
+    assert conninfo_to_dict(env["RUNLEDGER_DATABASE_URL"])["password"] == "***"
+    assert doctor.redact_url("not a url at all =") == "***"
+    assert doctor.redact_url("postgresql://u@h/db") == "postgresql://u@h/db"

@@ -267,6 +267,9 @@ def test_worker_float_options_refuse_nan_from_flag_and_env(name: str, value: str
         # refused by Settings itself (click has no length check): still one line, named
         (["--worker-id", "w" * 201], {}, "'--worker-id' (env var: RUNLEDGER_WORKER_ID)"),
         (["--worker-id", ""], {}, "'--worker-id' (env var: RUNLEDGER_WORKER_ID)"),
+        (["--http-port", "65536"], {}, "'--http-port' (env var: RUNLEDGER_HTTP_PORT)"),
+        ([], {"RUNLEDGER_HTTP_PORT": "-1"}, "'--http-port' (env var: RUNLEDGER_HTTP_PORT)"),
+        ([], {"RUNLEDGER_HTTP_PORT": "web"}, "'--http-port' (env var: RUNLEDGER_HTTP_PORT)"),
     ],
 )
 def test_a_bad_worker_setting_is_a_one_line_usage_error(
@@ -282,6 +285,26 @@ def test_a_bad_worker_setting_is_a_one_line_usage_error(
     assert named in line
     assert "validation error" not in result.output and "Traceback" not in result.output
     assert not isinstance(result.exception, ValidationError)
+
+
+def test_http_port_without_prometheus_client_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "prometheus_client" else real(name, *a),
+    )
+    result = CliRunner().invoke(
+        cli.main,
+        ["worker", "--flows", "m:f", "--database-url", "postgresql://x/y", "--http-port", "9464"],
+    )
+    assert result.exit_code == 2, result.output
+    [line] = _error_lines(result.output)
+    assert "pip install 'runledger-pg[metrics]'" in line
 
 
 def test_worker_without_a_database_url_is_a_usage_error() -> None:

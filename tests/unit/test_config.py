@@ -153,6 +153,8 @@ NON_DEFAULT = {
     "tool_timeout": "4.5",
     "policy_timeout": "6.5",
     "session_locks": "false",
+    "http_port": "9464",
+    "http_host": "127.0.0.1",
     "log_json": "true",
     "log_level": "DEBUG",
 }

@@ -54,6 +54,8 @@ def worker_from_settings(settings: Settings, flows: Sequence[Flow]) -> Worker:
         grace_seconds=settings.grace_seconds,
         limits=limits_from_settings(settings),
         session_locks=settings.session_locks,
+        http_port=settings.http_port,
+        http_host=settings.http_host,
     )
 
 

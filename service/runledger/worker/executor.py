@@ -51,6 +51,7 @@ from runledger.worker.crash import CrashPoints
 from runledger.worker.giving_up import GivingUp
 from runledger.worker.groups import call_groups, settle_group
 from runledger.worker.journal import LocalJournal
+from runledger.worker.metrics import Metrics
 from runledger.worker.poison import UndecodableRun
 from runledger.worker.runs import (
     ActiveRun,
@@ -78,13 +79,14 @@ class Executor:
         worker_id: str,
         limits: Limits,
         crash: CrashPoints | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.flows = flows
         self.worker_id = worker_id
         self.limits = limits
         self.crash = crash or CrashPoints(None)
-        self.writes = Writes(store, worker_id=worker_id)
+        self.writes = Writes(store, worker_id=worker_id, metrics=metrics)
         self.calls = Calls(self.writes, limits=limits, crash=self.crash)
         self.giving_up = GivingUp(store, self.writes, worker_id=worker_id)
 
@@ -288,6 +290,7 @@ class Executor:
                 assert planned is not None
                 fused[key] = (planned, attempt)
                 journal.dispatched(key, attempt, c.fencing_token)
+                self.writes.dispatched(active, planned, attempt)
             if finish:
                 self.writes.finished(active, FinishStatus.SUCCEEDED, None)
                 return

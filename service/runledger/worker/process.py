@@ -61,6 +61,7 @@ from runledger.worker.listening import (
     conflict_message,
     is_worker_conflict,
 )
+from runledger.worker.metrics import Metrics, PrometheusMetrics
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ class Worker(Listening):
         limits: Limits | None = None,
         crash: CrashPoints | None = None,
         session_locks: bool = default("session_locks"),
+        http_port: int | None = None,
+        http_host: str = default("http_host"),
     ) -> None:
         if not flows:
             raise ValueError("a worker needs at least one flow")
@@ -138,6 +141,12 @@ class Worker(Listening):
         self._signals = 0
         self.store: Store | None = None
         self.executor: Executor
+        self.http_port = http_port
+        self.http_host = http_host
+        # counters only when served (--http-port): else every event is a no-op call
+        self.metrics: Metrics = (
+            Metrics() if http_port is None else PrometheusMetrics(lambda: len(self.active))
+        )
         self._init_listening(session_locks)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -196,10 +205,17 @@ class Worker(Listening):
             },
         )
         executor = self.executor = Executor(
-            store, self.flows, worker_id=self.worker_id, limits=self.limits, crash=self.crash
+            store,
+            self.flows,
+            worker_id=self.worker_id,
+            limits=self.limits,
+            crash=self.crash,
+            metrics=self.metrics,
         )
         failure: WorkerFailed | None = None
+        health = None
         try:
+            health = await self._serve_health()
             failure = await self._supervise(executor, listen)
             if failure is not None:
                 await self._fence_all()
@@ -214,10 +230,28 @@ class Worker(Listening):
                 await self.executor.settle(timeout=self.grace_seconds)
             with contextlib.suppress(Exception):
                 await listen.conn.close()  # closed already unless the listener never ran
+            if health is not None:
+                await health.stop()
             await store.close()
             log.info("worker stopped", extra={"worker_id": self.worker_id})
         if failure is not None:
             raise failure
+
+    async def _serve_health(self) -> Any:
+        """Start /livez, /readyz and /metrics (``--http-port``); None when off."""
+        if self.http_port is None:
+            return None
+        from runledger.worker.health import HealthServer
+
+        assert isinstance(self.metrics, PrometheusMetrics)
+        health = HealthServer(self, self.metrics, self.http_host, self.http_port)
+        try:
+            await health.start()
+        except OSError as exc:  # the port is taken, the host is not ours: one line
+            raise errors.ConfigurationError(
+                f"--http-port {self.http_port} on {self.http_host}: {exc.strerror or exc}"
+            ) from None
+        return health
 
     async def _supervise(self, executor: Executor, listen: ListenerSession) -> WorkerFailed | None:
         """Claim and drain with the helpers in one task group. A helper that dies takes
@@ -293,6 +327,7 @@ class Worker(Listening):
             with contextlib.suppress(Exception):
                 assert self.store is not None
                 await self.store.release_lease(a.run_id, a.claim.lease_id, a.claim.fencing_token)
+                self.metrics.finished(a.claim, "released")
 
     async def _drain(self) -> None:
         for a in self.active.values():
@@ -326,6 +361,7 @@ class Worker(Listening):
                     runs = await self.store.claim_runs_v3(
                         self.worker_id, sorted(self.flows), self.lease, free
                     )
+                    self.metrics.claim_took(time.monotonic() - sent)
                 except Exception:
                     log.exception("claim failed", extra={"worker_id": self.worker_id})
                     runs = []
@@ -347,6 +383,7 @@ class Worker(Listening):
                     active.task = asyncio.create_task(
                         self._execute(executor, active), name=f"run:{run.run_id}"
                     )
+                    self.metrics.claimed(run)
                     log.info(
                         "claimed run",
                         extra={
@@ -404,6 +441,7 @@ class Worker(Listening):
                         timeout=interval,
                     )
                     kept = {r.run_id for r in renewed}
+                    self.metrics.renewed(len(kept))
                     for a in held:
                         if a.run_id in kept:
                             a.deadline = sent + self.lease_seconds - self.margin
@@ -428,6 +466,7 @@ class Worker(Listening):
 
     def _fence(self, active: ActiveRun, why: str) -> None:
         """Stop working on a run at once: its lease is gone or may be gone."""
+        self.metrics.lease_lost()
         log.warning(
             "dropping run: %s",
             why,

@@ -69,6 +69,8 @@ class ActiveRun:
     # a failover affected the run: calls of this turn and later ones that were never
     # dispatched on this timeline may have been sent on the lost one (docs/failover.md)
     failover_turn: int | None = None
+    # when each call in flight was dispatched (monotonic), for runledger_call_seconds
+    sent_at: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def run_id(self) -> str:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 from runledger import errors
 from runledger.db.store import Store
 from runledger.model import Call, FinishStatus, Outcome
+from runledger.worker.metrics import Metrics
 from runledger.worker.runs import ActiveRun
 
 log = logging.getLogger(__name__)
@@ -24,9 +26,10 @@ T = TypeVar("T")
 
 
 class Writes:
-    def __init__(self, store: Store, *, worker_id: str) -> None:
+    def __init__(self, store: Store, *, worker_id: str, metrics: Metrics | None = None) -> None:
         self.store = store
         self.worker_id = worker_id
+        self.metrics = metrics or Metrics()
         self._late: set[asyncio.Task[Any]] = set()
 
     async def write(self, active: ActiveRun, operation: str, coro: Coroutine[Any, Any, T]) -> T:
@@ -66,7 +69,43 @@ class Writes:
             active.journal.dispatched(
                 call.idempotency_key, attempt, c.fencing_token, self.worker_id
             )
+        self.dispatched(active, call, attempt)
         return attempt
+
+    def dispatched(self, active: ActiveRun, call: Call, attempt: int) -> None:
+        """A call's dispatch committed: its clock starts, and one lifecycle line."""
+        active.sent_at[call.idempotency_key] = time.monotonic()
+        c = active.claim
+        log.info(
+            "call dispatched",
+            extra={
+                "run_id": c.run_id,
+                "worker_id": self.worker_id,
+                "fencing_token": c.fencing_token,
+                "call": call.idempotency_key,
+                "tool": call.tool,
+                "attempt": attempt,
+            },
+        )
+
+    def completed(self, active: ActiveRun, call: Call, outcome: Outcome) -> None:
+        """A call's completion committed: counted, timed from its dispatch, logged."""
+        sent = active.sent_at.pop(call.idempotency_key, None)
+        c = active.claim
+        self.metrics.call_completed(
+            c, call.tool, str(outcome), None if sent is None else time.monotonic() - sent
+        )
+        log.info(
+            "call completed",
+            extra={
+                "run_id": c.run_id,
+                "worker_id": self.worker_id,
+                "fencing_token": c.fencing_token,
+                "call": call.idempotency_key,
+                "tool": call.tool,
+                "outcome": str(outcome),
+            },
+        )
 
     async def complete(
         self,
@@ -105,6 +144,9 @@ class Writes:
                 active.journal.dispatched(
                     next_call.idempotency_key, attempt, c.fencing_token, self.worker_id
                 )
+        self.completed(active, call, outcome)
+        if next_call is not None and attempt is not None:
+            self.dispatched(active, next_call, attempt)
         return attempt
 
     async def checkpoint_due(self, active: ActiveRun) -> None:
@@ -142,6 +184,7 @@ class Writes:
     def finished(self, active: ActiveRun, status: FinishStatus, reason: str | None) -> None:
         """Log the end of the run (written by ``finish_run`` or with the final decision)."""
         c = active.claim
+        self.metrics.finished(c, str(status))
         log.info(
             "run finished",
             extra={
@@ -163,11 +206,22 @@ class Writes:
             await self.store.release_lease(
                 c.run_id, c.lease_id, c.fencing_token, reason=reason, error=error
             )
+            self.metrics.finished(c, "released")
+            log.info(
+                "run released",
+                extra={
+                    "run_id": c.run_id,
+                    "worker_id": self.worker_id,
+                    "fencing_token": c.fencing_token,
+                    "reason": reason,
+                },
+            )
         except errors.LeaseLost as exc:
             await self.report_stale(active, exc)
 
     async def report_stale(self, active: ActiveRun, exc: errors.LeaseLost) -> None:
         """Record the refusal in its own transaction; shielded from the run's cancellation."""
+        self.metrics.stale_write()
         try:
             await asyncio.shield(
                 self.store.report_stale_write(
