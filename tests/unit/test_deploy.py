@@ -361,7 +361,7 @@ def test_every_compose_command_exists() -> None:
     check_invocation(_dockerfile_cmd())
 
 
-def test_the_roles_exist_and_the_non_cli_variables_are_read() -> None:
+def test_the_variables_no_option_reads_are_read_by_their_module() -> None:
     for var, module in NON_CLI_ENV.items():
         assert var in module.read_text(), f"{module} does not read {var}"
 
