@@ -135,9 +135,8 @@ def expected(role: str, table: str, kind: str) -> str:
     if role in (WORKER, OPERATOR, AUDITOR):
         if kind != "SELECT":
             return DENIED
+        # A worker reads alembic_version too (revision 0013): it checks the revision.
         readable = set(TABLES) - {"prune_authorizations"}
-        if role == WORKER:
-            readable -= {"alembic_version"}
         return OK if table in readable else DENIED
     # DBA and owner hold every table privilege; the wall decides.
     if table in FAILOVER_RECORD and kind != "SELECT":

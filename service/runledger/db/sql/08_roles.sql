@@ -32,11 +32,14 @@ BEGIN
         GRANT EXECUTE ON FUNCTION runledger.now() TO runledger_auditor;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
+        -- alembic_version: a worker checks the schema revision when it connects (and
+        -- /readyz does); without it a worker logged in in this role cannot start (0013).
         GRANT USAGE ON SCHEMA runledger TO runledger_worker;
         GRANT SELECT ON runledger.runs, runledger.run_turns, runledger.run_calls,
                         runledger.run_events, runledger.workers, runledger.settings,
                         runledger.timelines, runledger.failover_runs,
-                        runledger.run_timeline, runledger.effect_ledger, runledger.lease_history
+                        runledger.run_timeline, runledger.effect_ledger, runledger.lease_history,
+                        runledger.alembic_version
             TO runledger_worker;
         GRANT EXECUTE ON FUNCTION
             runledger.now(),
