@@ -48,6 +48,7 @@ from runledger.cli_options import (
     json_option,
     setting_option,
 )
+from runledger.cli_prune import prune
 from runledger.cli_reads import list_runs, show, unknown, workers
 from runledger.config import (
     with_connect_timeout,
@@ -389,6 +390,7 @@ main.add_command(show)
 main.add_command(workers)
 main.add_command(unknown)
 main.add_command(events)
+main.add_command(prune)
 
 
 @main.command(context_settings=CONTEXT)

@@ -8,6 +8,7 @@ database call.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import getpass
 import threading
 import time
@@ -189,3 +190,15 @@ class Client:
 
     def retry(self, run_id: str) -> None:
         self._run(self._store.retry_run(run_id, self.actor))
+
+    def prune_cutoff(self, older_than: dt.timedelta) -> dt.datetime:
+        """The database clock minus ``older_than``."""
+        return self._run(self._store.prune_cutoff(older_than))
+
+    def prunable(self, before: dt.datetime) -> int:
+        """How many finished runs finished before ``before``."""
+        return self._run(self._store.prunable(before))
+
+    def prune_batch(self, before: dt.datetime, *, keep_events: bool, limit: int) -> int:
+        """Delete at most ``limit`` of them, oldest first (``prune_runs_v2``)."""
+        return self._run(self._store.prune_batch(before, keep_events, limit))

@@ -386,6 +386,7 @@ OPERATOR_FUNCTIONS = {
     "cancel_run",
     "retry_run",
     "prune_runs",
+    "prune_runs_v2",
 }
 
 

@@ -315,6 +315,12 @@ CONTRACT: list[Fn] = [
         None,
         role=OPERATOR,
     ),
+    Fn(
+        "prune_runs_v2",
+        [("p_before", "timestamptz"), ("p_keep_events", "boolean"), ("p_limit", "integer")],
+        "integer",
+        role=OPERATOR,
+    ),
 ]
 
 

@@ -177,4 +177,5 @@ def test_catalog_holds_the_named_invariants(database_url: str) -> None:
         "ix_runs_claimable",
         "ix_runs_lease_expiry",
         "ix_runs_lease_lock",  # revision 0011
+        "ix_runs_finished_at",  # revision 0014
     }

@@ -129,6 +129,22 @@ class OperatorWrites(ReadBacks):
             fields={"run_id": run_id},
         )
 
+    async def prune_cutoff(self, older_than: dt.timedelta) -> dt.datetime:
+        """The database clock minus ``older_than``: what "finished before" means for a
+        prune, read once so that every batch of it deletes against the same instant."""
+        rows = await self._read("SELECT runledger.now() - %s::interval AS before", (older_than,))
+        before: dt.datetime = rows[0]["before"]
+        return before
+
+    async def prune_batch(self, before: dt.datetime, keep_events: bool, limit: int) -> int:
+        """One batch of ``prune_runs_v2``: at most ``limit`` finished runs, oldest first.
+        Safe to repeat (sent again after a lost connection): a batch whose
+        acknowledgement was lost is deleted, and the next call deletes the next one."""
+        rows = await self._read(
+            "SELECT runledger.prune_runs_v2(%s, %s, %s) AS pruned", (before, keep_events, limit)
+        )
+        return int(rows[0]["pruned"])
+
     async def prune_runs(self, before: dt.datetime, keep_events: bool) -> int:
         """How many finished runs were deleted. Counted before sending, so that a prune
         whose acknowledgement was lost still reports the runs it deleted."""

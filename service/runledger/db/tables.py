@@ -119,6 +119,12 @@ Index(
 Index("ix_runs_status", runs.c.status)
 # revision 0012: runledger list, newest first
 Index("ix_runs_created_at", runs.c.created_at, runs.c.run_id)
+# revision 0014: prune_runs_v2, the oldest finished runs first
+Index(
+    "ix_runs_finished_at",
+    runs.c.finished_at,
+    postgresql_where=runs.c.finished_at.isnot(None),
+)
 Index(
     "ix_runs_lease_expiry",
     runs.c.lease_expires_at,

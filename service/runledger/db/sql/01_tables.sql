@@ -52,6 +52,9 @@ CREATE INDEX ix_runs_lease_expiry ON runledger.runs (lease_expires_at) WHERE sta
 -- revision 0012: `runledger list`, newest first (created_at never changes: the row's
 -- other updates stay heap-only)
 CREATE INDEX ix_runs_created_at ON runledger.runs (created_at, run_id);
+-- revision 0014: retention in batches, the oldest finished runs first (prune_runs_v2);
+-- finished_at is set once, with the change of status that rewrites the indexes anyway
+CREATE INDEX ix_runs_finished_at ON runledger.runs (finished_at) WHERE finished_at IS NOT NULL;
 -- revision 0011: the distinct holder sessions of running runs (runledger._gone_sessions)
 CREATE INDEX ix_runs_lease_lock ON runledger.runs (lease_lock)
     WHERE status = 'running' AND lease_lock IS NOT NULL;

@@ -89,7 +89,8 @@ BEGIN
             runledger.deny_call(text, text, text),
             runledger.cancel_run(text, text, text),
             runledger.retry_run(text, text),
-            runledger.prune_runs(timestamptz, boolean)
+            runledger.prune_runs(timestamptz, boolean),
+            runledger.prune_runs_v2(timestamptz, boolean, integer)
         TO runledger_operator;
     END IF;
 END

@@ -1,0 +1,124 @@
+"""``runledger prune``: retention. Deletes finished runs (succeeded, failed, cancelled)
+older than a duration by the database clock, in batches of short transactions
+(``prune_runs_v2``: oldest first, SKIP LOCKED), so workers never wait on it. Queued,
+running and paused runs are never touched; events are kept unless ``--events``.
+Registered on the ``runledger`` group by :mod:`runledger.cli`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+from typing import Any
+
+import click
+
+from runledger.cli_options import (
+    CONTEXT,
+    _client,
+    _opt,
+    connect_option,
+    database_option,
+    emit,
+    json_option,
+)
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class DurationType(click.ParamType):  # type: ignore[type-arg]
+    """``30d``, ``12h``, ``90m``, ``45s``: a positive duration of at most a hundred years."""
+
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, dt.timedelta):
+            return value
+        text = str(value).strip()
+        number, unit = text[:-1], text[-1:]
+        try:
+            amount = float(number)
+        except ValueError:
+            amount = float("nan")
+        if unit not in _UNITS or not amount > 0 or amount * _UNITS[unit] > 100 * 365 * 86400:
+            self.fail(f"{value!r} is not a duration such as 30d, 12h, 90m or 45s.", param, ctx)
+        return dt.timedelta(seconds=amount * _UNITS[unit])
+
+
+@click.command(context_settings=CONTEXT)
+@database_option
+@connect_option
+@_opt(
+    "--older-than",
+    "older_than",
+    type=DurationType(),
+    required=True,
+    help="Delete the runs that finished longer ago than this, by the database clock "
+    "(30d, 12h, 90m, 45s).",
+)
+@_opt("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@_opt(
+    "--events",
+    is_flag=True,
+    help="Delete the runs' events too (by default they are kept: the audit trail may be "
+    "kept longer than the runs).",
+)
+@_opt(
+    "--batch",
+    type=click.IntRange(1, 10000),
+    default=1000,
+    show_default=True,
+    help="Runs per transaction.",
+)
+@json_option
+def prune(
+    database_url: str | None,
+    connect_timeout: float,
+    older_than: dt.timedelta,
+    dry_run: bool,
+    events: bool,
+    batch: int,
+    as_json: bool,
+) -> None:
+    """Delete finished runs (succeeded, failed, cancelled) older than --older-than, with
+    their turns and calls, in batches that never block a worker. Queued, running and paused
+    runs are never deleted. Progress goes to stderr."""
+    with _client(database_url, connect_timeout) as client:
+        before = client.prune_cutoff(older_than)
+        if dry_run:
+            count = client.prunable(before)
+            if as_json:
+                emit({"dry_run": True, "before": before, "runs": count}, as_json=True)
+            else:
+                click.echo(f"{count} finished run(s) finished before {before}: would be deleted")
+            return
+        deleted = batches = 0
+        started = time.monotonic()
+        while True:
+            n = client.prune_batch(before, keep_events=not events, limit=batch)
+            deleted += n
+            batches += 1
+            if batches % 50 == 0:
+                print(f"pruned {deleted} run(s) so far", file=sys.stderr, flush=True)
+            if n < batch:
+                break
+        seconds = round(time.monotonic() - started, 3)
+    if as_json:
+        emit(
+            {
+                "dry_run": False,
+                "before": before,
+                "runs": deleted,
+                "batches": batches,
+                "events_deleted": events,
+                "seconds": seconds,
+            },
+            as_json=True,
+        )
+    else:
+        kept = "deleted with them" if events else "kept"
+        click.echo(
+            f"pruned {deleted} run(s) that finished before {before} in {batches} "
+            f"batch(es) ({seconds} s); their events {kept}"
+        )
