@@ -35,7 +35,7 @@ from runledger.testing import wait_for
 from runledger.worker.recovery import MarkUnknown, Reuse
 from tests.crash_windows import ROWS, Row
 from tests.process.adapter_flows import GATE_ENV, model_key
-from tests.process.conftest import LEASE, call_rows, events, run_row, submit, wait_status
+from tests.process.conftest import call_rows, events, run_row, submit, wait_status
 
 pytestmark = pytest.mark.process
 
@@ -100,6 +100,15 @@ def crash_lanes(workers: Any, adapter: ModuleType, crashes: list[str], args: lis
     workers.flows = [adapter.spec(i) for i in range(len(crashes))]
 
 
+# The crash lanes' lease: long, so that a lane worker starved of CPU on a loaded machine
+# (16 lanes start at once) still holds its run when its crash point kills it. A shorter
+# one could expire first and be taken over by the same (live) worker: token 2, not the
+# window under test. The recovery takes the runs over through the dead workers' ended
+# sessions, or, past the advanced clock, through their expired leases.
+CRASH_LEASE = 60.0
+CRASH_LEASE_ARGS = ["--lease-seconds", str(CRASH_LEASE)]
+
+
 # -- 1. every crash window x safety class ----------------------------------------------
 
 
@@ -119,12 +128,12 @@ def test_crash_windows_through_the_adapter(
     for i, row in enumerate(ROWS):
         plan = [[{"tool": row.tool}], [{"tool": "ticket", "args": {"title": "after"}}]]
         submit(admin_conn, run_of(row), plan, flow=adapter.lane(i).name)
-    crash_lanes(workers, adapter, [f"{r.point}:{r.tool}" for r in ROWS], lease_args)
+    crash_lanes(workers, adapter, [f"{r.point}:{r.tool}" for r in ROWS], CRASH_LEASE_ARGS)
     for row in ROWS:
         crashed = run_row(admin_conn, run_of(row))
         assert crashed["status"] == "running" and crashed["fencing_token"] == 1, (row.id, crashed)
 
-    db_clock.advance(LEASE + 1)  # the dead workers' leases are over by the database clock
+    db_clock.advance(CRASH_LEASE + 1)  # the dead workers' leases are over by the database clock
     (recovery,) = workers.start(1, args=lease_args)
     for row in ROWS:
         check_row(adapter, row, run_of(row), workers, recovery, provider, admin_conn)
@@ -223,7 +232,7 @@ def test_crash_around_the_model_request(
 
     for i, (point, turn) in enumerate(DECISION_CRASHES):
         submit(admin_conn, run_of(point, turn), DECIDE_PLAN, flow=adapter.lane(i).name)
-    crash_lanes(workers, adapter, [f"{p}:{t}" for p, t in DECISION_CRASHES], lease_args)
+    crash_lanes(workers, adapter, [f"{p}:{t}" for p, t in DECISION_CRASHES], CRASH_LEASE_ARGS)
     before: dict[str, list[dict[str, Any]]] = {}
     for point, turn in DECISION_CRASHES:
         run_id = run_of(point, turn)
@@ -235,7 +244,7 @@ def test_crash_around_the_model_request(
         assert [t["turn"] for t in before[run_id]] == list(range(recorded)), run_id
         assert asked(provider, run_id, 3) == [1] * (turn + 1) + [0] * (2 - turn), run_id
 
-    db_clock.advance(LEASE + 1)
+    db_clock.advance(CRASH_LEASE + 1)
     (recovery,) = workers.start(1, args=lease_args)
     for point, turn in DECISION_CRASHES:
         run_id = run_of(point, turn)

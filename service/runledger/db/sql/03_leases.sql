@@ -236,7 +236,10 @@ BEGIN
         RETURN;
     END IF;
     IF p_max_runs > 0 THEN
-        v_gone := runledger._gone_sessions();
+        -- never the claimer's own key: its listener may end while this statement runs
+        -- (the worker was killed after sending it), and its own runs are then no one's
+        -- to take but the next worker's
+        v_gone := array_remove(runledger._gone_sessions(), v_lock);
     END IF;
     -- end session locks
 
