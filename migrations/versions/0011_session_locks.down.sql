@@ -5,6 +5,91 @@
 DROP FUNCTION runledger.heartbeat_listener(text);
 DROP FUNCTION runledger.register_worker_v2(text, text, int, text[], boolean);
 
+CREATE OR REPLACE FUNCTION runledger._note_timeline(p_actor text, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_timeline integer := runledger._timeline();
+    v_last runledger.timelines;
+    v_position integer;
+    v_runs text[] := '{}';
+    v_run record;
+BEGIN
+    -- one detector at a time; the others find the row it wrote
+    LOCK TABLE runledger.timelines IN SHARE ROW EXCLUSIVE MODE;
+    SELECT * INTO v_last FROM runledger.timelines t ORDER BY t.position DESC LIMIT 1;
+    IF FOUND AND v_last.timeline = v_timeline THEN
+        RETURN;
+    END IF;
+    v_position := coalesce(v_last.position, 0) + 1;
+    IF v_last.position IS NOT NULL THEN
+        -- the unfinished runs, locked (in a fixed order) until the end of the claim
+        SELECT coalesce(array_agg(u.run_id ORDER BY u.run_id), '{}') INTO v_runs
+        FROM (SELECT r.run_id FROM runledger.runs r
+              WHERE r.status IN ('queued', 'running', 'paused')
+              ORDER BY r.run_id FOR NO KEY UPDATE) u;
+    END IF;
+    -- the table is append-only (the wall): the row is written whole, once
+    INSERT INTO runledger.timelines (position, timeline, previous_timeline, seen_at, seen_by,
+                                     last_replay_at, last_event_id, max_token, affected_runs)
+    VALUES (v_position, v_timeline, v_last.timeline, p_now, p_actor,
+            pg_last_xact_replay_timestamp(),
+            (SELECT max(e.event_id) FROM runledger.run_events e),
+            (SELECT max(r.fencing_token) FROM runledger.runs r), cardinality(v_runs));
+    IF v_last.position IS NULL THEN
+        RETURN;  -- the first timeline seen: nothing to compare with
+    END IF;
+
+    WITH affected AS (
+        SELECT r.run_id, r.status, r.lease_owner, r.fencing_token,
+               coalesce((SELECT max(t.turn) FROM runledger.run_turns t
+                         WHERE t.run_id = r.run_id), 0) AS turn
+        FROM runledger.runs r
+        WHERE r.run_id = ANY (v_runs)
+    ), marked AS (
+        UPDATE runledger.run_calls c
+        -- an attempt under the run's last surviving token: the dispatch that may be lost
+        SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = a.fencing_token,
+            dispatched_by = 'failover', dispatched_at = p_now
+        FROM affected a
+        WHERE c.run_id = a.run_id AND c.status = 'planned'
+          AND c.approval IS DISTINCT FROM 'pending'
+        RETURNING c.run_id, c.idempotency_key
+    ), ended AS (
+        UPDATE runledger.runs r
+        SET lease_expires_at = p_now, updated_at = p_now
+        FROM affected a
+        WHERE r.run_id = a.run_id AND r.status = 'running' AND r.lease_expires_at > p_now
+        RETURNING r.run_id
+    )
+    INSERT INTO runledger.failover_runs (run_id, position, status, lease_owner, fencing_token,
+                                         turn, marked_calls)
+    SELECT a.run_id, v_position, a.status, a.lease_owner, a.fencing_token, a.turn,
+           ARRAY(SELECT m.idempotency_key FROM marked m WHERE m.run_id = a.run_id
+                 ORDER BY m.idempotency_key)
+    FROM affected a
+    -- the lease UPDATE runs with the statement even where nothing reads it
+    LEFT JOIN (SELECT count(*) AS n FROM ended) e ON true;
+
+    FOR v_run IN
+        SELECT f.run_id, f.status, f.lease_owner, f.fencing_token, f.turn, f.marked_calls,
+               r.state_version
+        FROM runledger.failover_runs f JOIN runledger.runs r ON r.run_id = f.run_id
+        WHERE f.position = v_position
+    LOOP
+        PERFORM runledger._event(v_run.run_id, 'failover_detected', p_actor, NULL,
+            v_run.state_version,
+            jsonb_build_object('timeline', v_timeline, 'previous_timeline', v_last.timeline,
+                               'status', v_run.status, 'lease_owner', v_run.lease_owner,
+                               'fencing_token', v_run.fencing_token,
+                               'suspect_from_turn', v_run.turn,
+                               'marked_dispatched', to_jsonb(v_run.marked_calls),
+                               'last_replay_at', pg_last_xact_replay_timestamp()),
+            p_now);
+    END LOOP;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION runledger.claim_runs(p_worker_id text, p_flows text[], p_lease interval,
                                      p_max_runs int)
 RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,

@@ -175,7 +175,15 @@ def test_a_new_timeline_is_recorded_with_the_runs_it_affected(worker: Conn, admi
     assert call_row(admin, key("held", 0, "c2"))["dispatched_by"] == "w1"  # as it was
     c3 = call_row(admin, key("held", 0, "c3"))
     assert (c3["status"], c3["approval"]) == ("planned", "pending")
-    # the held lease ended: this same claim took it over, with failover_turn
+    # nothing is taken for 10 s (revision 0011): the old holder may still have a call in
+    # flight; its session lock is cleared, so only the wait frees the run
+    assert claimed == []
+    held_row = run_row(admin, "held")
+    assert held_row["lease_lock"] is None
+    settle = held_row["lease_expires_at"] - scalar(admin, "SELECT runledger.now()")
+    assert dt.timedelta(seconds=9) < settle <= dt.timedelta(seconds=10)
+    admin.execute("UPDATE runledger.settings SET clock_offset = clock_offset + interval '11 s'")
+    claimed = claim_v3(worker, "w2")
     by_run = {r["run_id"]: r for r in claimed}
     assert set(by_run) == {"held", "queued"}
     assert by_run["held"]["takeover"] is True
@@ -255,6 +263,8 @@ def test_a_pruned_run_takes_its_failover_rows_with_it(
 ) -> None:
     submit(worker, "r1")
     pretend_last_seen(admin, timeline(admin) + 1)
+    assert claim_v3(worker) == []  # the failover's wait
+    admin.execute("UPDATE runledger.settings SET clock_offset = clock_offset + interval '11 s'")
     (row,) = claim_v3(worker)
     assert row["failover_turn"] == 0
     lease = claim_lease(row)

@@ -116,10 +116,24 @@ BEGIN
           AND c.approval IS DISTINCT FROM 'pending'
         RETURNING c.run_id, c.idempotency_key
     ), ended AS (
+        -- Revision 0011: not taken over at once. The holder, cut off with the old primary,
+        -- may still have a call in flight at a provider; it fences itself within its
+        -- listener's budget (5 s), so the run waits 10 s before anyone claims it, and a
+        -- lookup by the next holder then sees that call's effect. Its session lock is
+        -- cleared: that session never existed here, and its key would look free at once.
         UPDATE runledger.runs r
-        SET lease_expires_at = p_now, updated_at = p_now
+        SET lease_expires_at = p_now + interval '10 seconds', lease_lock = NULL,
+            updated_at = p_now
         FROM affected a
-        WHERE r.run_id = a.run_id AND r.status = 'running' AND r.lease_expires_at > p_now
+        WHERE r.run_id = a.run_id AND r.status = 'running'
+        RETURNING r.run_id
+    ), delayed AS (
+        -- a queued run may have been claimed on the lost timeline: the same wait
+        UPDATE runledger.runs r
+        SET available_at = greatest(r.available_at, p_now + interval '10 seconds'),
+            updated_at = p_now
+        FROM affected a
+        WHERE r.run_id = a.run_id AND r.status = 'queued'
         RETURNING r.run_id
     )
     INSERT INTO runledger.failover_runs (run_id, position, status, lease_owner, fencing_token,
