@@ -49,7 +49,7 @@ from runledger.worker import poison
 from runledger.worker.calls import Calls, Settled, check_boundary, check_deadline
 from runledger.worker.crash import CrashPoints
 from runledger.worker.giving_up import GivingUp
-from runledger.worker.groups import call_groups, settle_group
+from runledger.worker.groups import call_groups, group_sizes, settle_group
 from runledger.worker.journal import LocalJournal
 from runledger.worker.metrics import Metrics
 from runledger.worker.poison import UndecodableRun
@@ -310,12 +310,7 @@ class Executor:
             return []
         if self.crash.wants("after_record_turn", str(turn)):
             return []
-        tools = [x["tool"] for x in payload]
-        size = 1
-        if flow.runs_in_parallel(tools[0]):
-            while size < len(tools) and flow.runs_in_parallel(tools[size]):
-                size += 1
-        group = payload[:size]
+        group = payload[: group_sizes(flow, [x["tool"] for x in payload])[0]]
         for x in group:
             if x["tool"] not in flow.tools or x.get("approval") is True:
                 return []

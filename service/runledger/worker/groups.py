@@ -11,17 +11,27 @@ from runledger.worker.calls import Calls, Settled
 from runledger.worker.runs import ActiveRun, Draining, LocalLeaseExpired
 
 
-def call_groups(flow: Flow, calls: list[Call]) -> list[list[Call]]:
-    """The calls of a turn, in order, as groups that run one after another: consecutive
-    calls whose tools may run in parallel (:meth:`Flow.runs_in_parallel`) form one
-    group; every other call is a group of its own."""
-    groups: list[list[Call]] = []
-    for x in calls:
-        together = flow.runs_in_parallel(x.tool)
-        if together and groups and flow.runs_in_parallel(groups[-1][-1].tool):
-            groups[-1].append(x)
+def group_sizes(flow: Flow, tools: list[str]) -> list[int]:
+    """The sizes of the groups that calls of these tools (in order) run in, one group
+    after another: consecutive calls whose tools may run in parallel
+    (:meth:`Flow.runs_in_parallel`) form one group; every other call is a group of its
+    own."""
+    sizes: list[int] = []
+    for i, tool in enumerate(tools):
+        if i and flow.runs_in_parallel(tool) and flow.runs_in_parallel(tools[i - 1]):
+            sizes[-1] += 1
         else:
-            groups.append([x])
+            sizes.append(1)
+    return sizes
+
+
+def call_groups(flow: Flow, calls: list[Call]) -> list[list[Call]]:
+    """The calls of a turn, in order, as the groups of :func:`group_sizes`."""
+    groups: list[list[Call]] = []
+    start = 0
+    for size in group_sizes(flow, [x.tool for x in calls]):
+        groups.append(calls[start : start + size])
+        start += size
     return groups
 
 
