@@ -53,6 +53,8 @@ def test_no_bare_boolean_json_check_is_left() -> None:
     text = _text()
     assert "_check_json(" not in text
     assert "pg_notify('runledger_runs'" in text
-    assert text.count("pg_notify(") == 1, "notify through runledger._notify_queued"
+    # two senders: runledger._notify_queued (runs) and runledger._event (events, 0015)
+    assert text.count("pg_notify('runledger_events'") == 1
+    assert text.count("pg_notify(") == 2, "notify through _notify_queued and _event only"
     for check in ("_check_worker_id", "_check_lease", "_check_flow"):
         assert text.count(f"runledger.{check}(") >= 2, f"{check} defined but never used"
