@@ -2,6 +2,8 @@
 
 Each check is one query that returns the rows that break an invariant; an empty
 answer is a pass. ``runledger audit`` runs them all and exits 1 on any violation.
+The chain checks (revision 0016) verify the hash chains of run_events and their
+checkpoints; docs/audit.md explains them.
 """
 
 from __future__ import annotations
@@ -87,6 +89,103 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
+# Revision 0016: the hash chains of run_events and their checkpoints (docs/audit.md). The
+# hashes are recomputed here from the documented formula with built-in functions only
+# (pg_catalog, schema-qualified), never with runledger._event_hash: a superuser who could
+# rewrite the events could as well replace that function with one that agrees.
+EVENT_HASH: LiteralString = """pg_catalog.sha256(
+    coalesce(x.previous, ''::bytea) OPERATOR(pg_catalog.||) pg_catalog.convert_to(
+        pg_catalog.jsonb_build_array(x.event_id, x.run_id,
+        (EXTRACT(epoch FROM x.at) OPERATOR(pg_catalog.*) 1000000)::bigint, x.kind, x.actor,
+        x.fencing_token, x.state_version, x.detail)::text, 'UTF8'))"""
+
+CHAIN_CHECKS: tuple[Check, ...] = (
+    Check(
+        "event_chain_broken",
+        "each event's hash links it to the run's event before it: none was changed, "
+        "inserted or deleted in the middle of a run (the first broken link of each run)",
+        """SELECT DISTINCT ON (x.run_id) x.run_id, x.event_id, x.kind,
+                  CASE WHEN x.hash IS NULL THEN 'the event has no hash'
+                       ELSE 'the hash does not match this event and the one before it: '
+                            'this event, or the one before it, was changed, inserted or '
+                            'deleted' END AS problem
+           FROM (SELECT e.*, lag(e.hash) OVER (PARTITION BY e.run_id ORDER BY e.event_id)
+                             AS previous
+                 FROM runledger.run_events e) x
+           WHERE (x.hash IS NOT NULL OR x.event_id > (
+                      SELECT k.through_event_id FROM runledger.event_checkpoints k
+                      WHERE k.checkpoint_id = 0))
+             AND x.hash IS DISTINCT FROM """
+        + EVENT_HASH
+        + """
+           ORDER BY x.run_id, x.event_id""",
+    ),
+    Check(
+        "checkpoint_head_changed",
+        "every run head a checkpoint recorded is still there with its hash (a deleted tail, "
+        "a deleted run or a rehashed chain breaks it; runs pruned with their events are "
+        "recorded in event_chain_prunes and pass)",
+        """SELECT h.checkpoint_id, h.run_id, h.event_id,
+                  CASE WHEN e.event_id IS NULL THEN 'the event is gone'
+                       WHEN e.run_id <> h.run_id THEN 'the event id belongs to another run'
+                       ELSE 'the event''s hash is not the one checkpointed' END AS problem
+           FROM runledger.event_checkpoint_heads h
+           LEFT JOIN runledger.run_events e ON e.event_id = h.event_id
+           WHERE (e.event_id IS NULL OR e.run_id <> h.run_id OR e.hash IS DISTINCT FROM h.hash)
+             AND NOT (e.event_id IS NULL AND EXISTS (
+                 SELECT 1 FROM runledger.event_chain_prunes p
+                 WHERE p.run_id = h.run_id AND p.last_event_id >= h.event_id))
+           ORDER BY h.checkpoint_id, h.run_id""",
+    ),
+    Check(
+        "checkpoint_chain_broken",
+        "the checkpoints are numbered without a gap from 0 and each digest chains over the "
+        "previous one and its own heads (none removed, changed or forged)",
+        """SELECT z.checkpoint_id, z.problem FROM (
+             SELECT k.checkpoint_id,
+                    CASE WHEN k.checkpoint_id <> coalesce(k.prior_id OPERATOR(pg_catalog.+) 1, 0)
+                         THEN 'the checkpoints before it are missing'
+                         WHEN k.previous_digest IS DISTINCT FROM k.prior_digest
+                         THEN 'its previous digest is not the digest of the checkpoint before it'
+                         WHEN k.digest IS DISTINCT FROM pg_catalog.sha256(
+                                  coalesce(k.previous_digest, ''::bytea) OPERATOR(pg_catalog.||)
+                                  pg_catalog.convert_to(k.checkpoint_id::text || ' '
+                                      || k.through_event_id::text || E'\n'
+                                      || coalesce(k.heads, ''), 'UTF8'))
+                         THEN 'its digest does not match its heads'
+                         WHEN k.runs <> k.n THEN 'its number of runs does not match its heads'
+                    END AS problem
+             FROM (SELECT c.*,
+                          lag(c.checkpoint_id) OVER (ORDER BY c.checkpoint_id) AS prior_id,
+                          lag(c.digest) OVER (ORDER BY c.checkpoint_id) AS prior_digest,
+                          (SELECT pg_catalog.string_agg(h.run_id || ' ' || h.event_id::text
+                                      || ' ' || pg_catalog.encode(h.hash, 'hex'), E'\n'
+                                      ORDER BY h.run_id COLLATE "C")
+                           FROM runledger.event_checkpoint_heads h
+                           WHERE h.checkpoint_id = c.checkpoint_id) AS heads,
+                          (SELECT count(*) FROM runledger.event_checkpoint_heads h
+                           WHERE h.checkpoint_id = c.checkpoint_id) AS n
+                   FROM runledger.event_checkpoints c) k) z
+           WHERE z.problem IS NOT NULL
+           ORDER BY z.checkpoint_id""",
+    ),
+)
+CHECKS = CHECKS + CHAIN_CHECKS
+
+LATEST_CHECKPOINT: LiteralString = """
+    SELECT k.checkpoint_id, k.at, k.through_event_id, k.runs,
+           pg_catalog.encode(k.digest, 'hex') AS digest
+    FROM runledger.event_checkpoints k ORDER BY k.checkpoint_id DESC LIMIT 1"""
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A checkpoint digest kept outside the database (``--expect ID:DIGEST``)."""
+
+    checkpoint_id: int
+    digest: str
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     check: Check
@@ -97,12 +196,57 @@ class Finding:
         return not self.rows
 
 
+ANCHOR_CHECK = Check(
+    "checkpoint_anchor",
+    "each checkpoint digest kept outside the database (--expect ID:DIGEST) is still the "
+    "digest of that checkpoint",
+    "",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    findings: list[Finding]
+    latest: dict[str, Any] | None  # the newest checkpoint: the digest to keep outside
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+
 def run_checks(database_url: str, limit: int = 50) -> list[Finding]:
     """Run every check; each finding lists up to ``limit`` violating rows."""
+    return audit(database_url, limit=limit).findings
+
+
+def audit(database_url: str, *, limit: int = 50, expect: tuple[Anchor, ...] = ()) -> Audit:
+    """Every check, the anchors kept outside checked against the checkpoints, and the
+    newest checkpoint (the anchor to keep for the next audit)."""
     findings = []
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
         conn.execute("SET default_transaction_read_only = on")
         for check in CHECKS:
             rows = conn.execute(check.sql).fetchmany(limit)
             findings.append(Finding(check, rows))
-    return findings
+        latest = conn.execute(LATEST_CHECKPOINT).fetchone()
+        if expect:
+            broken = []
+            for anchor in expect:
+                row = conn.execute(
+                    "SELECT pg_catalog.encode(k.digest, 'hex') AS digest"
+                    " FROM runledger.event_checkpoints k WHERE k.checkpoint_id = %s",
+                    (anchor.checkpoint_id,),
+                ).fetchone()
+                if row is None or row["digest"] != anchor.digest:
+                    broken.append(
+                        {
+                            "checkpoint_id": anchor.checkpoint_id,
+                            "expected": anchor.digest,
+                            "found": None if row is None else row["digest"],
+                            "problem": "the checkpoint is gone"
+                            if row is None
+                            else "the checkpoint's digest differs: the history was rewritten",
+                        }
+                    )
+            findings.append(Finding(ANCHOR_CHECK, broken))
+    return Audit(findings, latest)

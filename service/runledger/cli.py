@@ -29,6 +29,7 @@ import click
 
 from runledger import errors
 from runledger.cli_approvals import APPROVABLE, approval_lines, approve, deny, shown_status
+from runledger.cli_audit import audit, checkpoint
 from runledger.cli_doctor import doctor
 from runledger.cli_events import events
 from runledger.cli_options import (
@@ -391,6 +392,8 @@ main.add_command(workers)
 main.add_command(unknown)
 main.add_command(events)
 main.add_command(prune)
+main.add_command(audit)
+main.add_command(checkpoint)
 
 
 @main.command(context_settings=CONTEXT)
@@ -416,32 +419,6 @@ def retry(database_url: str | None, connect_timeout: float, run_id: str) -> None
     with _client(database_url, connect_timeout) as client:
         client.retry(run_id)
     click.echo(f"{run_id} queued")
-
-
-@main.command(context_settings=CONTEXT)
-@database_option
-@connect_option
-@json_option
-def audit(database_url: str | None, connect_timeout: float, as_json: bool) -> None:
-    """Check the run tables' invariants; exit 1 when any is broken."""
-    from runledger.audit import run_checks
-    from runledger.db.execution import probe_blocking
-
-    url = _database_url(database_url)
-    probe_blocking(url, timeout=connect_timeout, application_name="runledger-audit")
-    findings = run_checks(url)
-    if as_json:
-        emit(
-            [{"check": f.check.name, "ok": f.ok, "violations": f.rows} for f in findings],
-            as_json=True,
-        )
-    else:
-        for f in findings:
-            mark = "ok  " if f.ok else "FAIL"
-            click.echo(f"{mark} {f.check.name}: {f.check.description}")
-            for row in f.rows:
-                click.echo(f"     {json.dumps(row, default=str)}")
-    sys.exit(0 if all(f.ok for f in findings) else 1)
 
 
 @main.command(context_settings=CONTEXT)

@@ -376,6 +376,7 @@ WORKER_FUNCTIONS = {
     "register_worker_v2",
     "heartbeat_listener",
     "heartbeat_worker",
+    "checkpoint_events",  # revision 0016
 }
 OPERATOR_FUNCTIONS = {
     "now",

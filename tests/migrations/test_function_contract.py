@@ -321,6 +321,18 @@ CONTRACT: list[Fn] = [
         "integer",
         role=OPERATOR,
     ),
+    Fn(  # revision 0016
+        "checkpoint_events",
+        [("p_actor", "text"), ("p_min_age", "interval")],
+        [
+            ("checkpoint_id", "bigint"),
+            ("at", "timestamptz"),
+            ("through_event_id", "bigint"),
+            ("runs", "integer"),
+            ("digest", "text"),
+            ("created", "boolean"),
+        ],
+    ),
 ]
 
 
@@ -456,6 +468,9 @@ UNPINNED = {
     "runledger._prune_authorized()",
     "runledger._gone_sessions()",  # revision 0011
     "runledger._register_worker(text,text,integer,text[],bigint)",  # revision 0011
+    "runledger._event_hash(bytea,bigint,text,timestamp with time zone,text,text,bigint,bigint,"
+    "jsonb)",  # revision 0016
+    "runledger._checkpoint_digest(bytea,bigint,bigint,text)",  # revision 0016
 }
 
 

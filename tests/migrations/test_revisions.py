@@ -20,7 +20,7 @@ from runledger.cli import main
 from runledger.db import migrate, schema
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
-HEAD = "0015"
+HEAD = "0016"
 
 
 def _script() -> ScriptDirectory:
@@ -86,6 +86,9 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_database_url: str) -> None:
         "prune_authorizations",
         "timelines",
         "failover_runs",
+        "event_checkpoints",  # revision 0016
+        "event_checkpoint_heads",
+        "event_chain_prunes",
     }
     views = {name for name, kind in first["tables"] if kind == "VIEW"}
     assert views == {"run_timeline", "effect_ledger", "lease_history"}

@@ -33,6 +33,9 @@ TABLES = {
     "prune_authorizations",
     "timelines",
     "failover_runs",
+    "event_checkpoints",  # revision 0016
+    "event_checkpoint_heads",
+    "event_chain_prunes",
 }
 
 

@@ -413,3 +413,12 @@ class Store(FastPath):
 
     async def heartbeat_worker(self, worker_id: str, *, stopped: bool = False) -> None:
         await self._read("SELECT runledger.heartbeat_worker(%s, %s)", (worker_id, stopped))
+
+    async def checkpoint_events(self, actor: str, min_age: dt.timedelta) -> dict[str, Any]:
+        """``checkpoint_events`` (revision 0016): a checkpoint of the event chains unless
+        the last one is younger than ``min_age`` (or another is being made, or no event
+        came since); the newest checkpoint either way. Safe to repeat."""
+        rows = await self._read(
+            "SELECT * FROM runledger.checkpoint_events(%s, %s)", (actor, min_age)
+        )
+        return rows[0]

@@ -20,6 +20,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     Table,
@@ -224,7 +225,10 @@ run_events: Final = Table(
     Column("fencing_token", BigInteger, nullable=True),
     Column("state_version", BigInteger, nullable=True),
     Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # revision 0016: the link of the run's hash chain (NULL before 0016)
+    Column("hash", LargeBinary, nullable=True),
     PrimaryKeyConstraint("event_id"),
+    CheckConstraint("hash IS NULL OR octet_length(hash) = 32", name="hash"),
 )
 Index("ix_run_events_run_id", run_events.c.run_id, run_events.c.event_id)
 
@@ -289,6 +293,43 @@ failover_runs: Final = Table(
     ForeignKeyConstraint(["position"], [timelines.c.position]),
 )
 
+# Revision 0016: the checkpoints of the event chains, their heads, the chains pruned.
+event_checkpoints: Final = Table(
+    "event_checkpoints",
+    metadata,
+    Column("checkpoint_id", BigInteger, nullable=False, autoincrement=False),
+    Column("at", _tstz(), nullable=False),
+    Column("actor", Text, nullable=True),
+    Column("through_event_id", BigInteger, nullable=False),
+    Column("runs", Integer, nullable=False),
+    Column("previous_digest", LargeBinary, nullable=True),
+    Column("digest", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("checkpoint_id"),
+    CheckConstraint("(checkpoint_id = 0) = (previous_digest IS NULL)", name="first"),
+)
+
+event_checkpoint_heads: Final = Table(
+    "event_checkpoint_heads",
+    metadata,
+    Column("checkpoint_id", BigInteger, nullable=False, autoincrement=False),
+    Column("run_id", Text, nullable=False),
+    Column("event_id", BigInteger, nullable=False),
+    Column("hash", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("checkpoint_id", "run_id"),
+    ForeignKeyConstraint(["checkpoint_id"], [event_checkpoints.c.checkpoint_id]),
+)
+
+event_chain_prunes: Final = Table(
+    "event_chain_prunes",
+    metadata,
+    Column("run_id", Text, nullable=False),
+    Column("last_event_id", BigInteger, nullable=False, autoincrement=False),
+    Column("last_hash", LargeBinary, nullable=True),
+    Column("events", Integer, nullable=False),
+    Column("pruned_at", _tstz(), nullable=False),
+    PrimaryKeyConstraint("run_id", "last_event_id"),
+)
+
 __all__ = [
     "APPROVALS",
     "CALL_STATUSES",
@@ -296,6 +337,9 @@ __all__ = [
     "RUN_ID_PATTERN",
     "RUN_STATUSES",
     "SCHEMA",
+    "event_chain_prunes",
+    "event_checkpoint_heads",
+    "event_checkpoints",
     "failover_runs",
     "metadata",
     "prune_authorizations",

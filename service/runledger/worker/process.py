@@ -66,6 +66,7 @@ from runledger.worker.metrics import Metrics, PrometheusMetrics
 log = logging.getLogger(__name__)
 
 CHANNEL = listener.CHANNEL
+CHECKPOINT_EVERY = 10.0  # s between two checkpoints of the event chains (any worker's)
 
 __all__ = [
     "CHANNEL",
@@ -263,6 +264,7 @@ class Worker(Listening):
                     tg.create_task(self._guard("lease-keeper", self._keeper())),
                     tg.create_task(self._guard("watchdog", self._watchdog())),
                     tg.create_task(self._guard("listener", self._listener(listen))),
+                    tg.create_task(self._guard("checkpointer", self._checkpointer())),
                 ]
                 await self._claimer(executor)
                 await self._drain()
@@ -450,6 +452,32 @@ class Worker(Listening):
                 await asyncio.wait_for(self.store.heartbeat_worker(self.worker_id), interval)
             except EXPECTED:  # the watchdog fences meanwhile; anything else is a bug
                 log.exception("lease renewal failed", extra={"worker_id": self.worker_id})
+
+    async def _checkpointer(self) -> None:
+        """A checkpoint of the event chains every :data:`CHECKPOINT_EVERY` s, made by
+        whichever worker comes first (``checkpoint_events`` skips when the last one is
+        younger). A failure is logged and tried again at the next tick."""
+        assert self.store is not None
+        every = dt.timedelta(seconds=CHECKPOINT_EVERY)
+        while True:
+            await asyncio.sleep(CHECKPOINT_EVERY)
+            try:
+                made = await asyncio.wait_for(
+                    self.store.checkpoint_events(self.worker_id, every), CHECKPOINT_EVERY
+                )
+            except EXPECTED:
+                log.warning(
+                    "event checkpoint failed", exc_info=True, extra={"worker_id": self.worker_id}
+                )
+                continue
+            if made["created"]:
+                log.debug(
+                    "event checkpoint %s: %s runs through event %s",
+                    made["checkpoint_id"],
+                    made["runs"],
+                    made["through_event_id"],
+                    extra={"worker_id": self.worker_id},
+                )
 
     async def _watchdog(self) -> None:
         """Fence every run whose local deadline passed, whatever the keeper is doing."""

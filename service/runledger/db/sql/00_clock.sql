@@ -9,11 +9,14 @@
 --   00_clock.sql     schema runledger; settings (one row: payload cap, test clock offset,
 --                    JSON depth limit); runledger.now(), the only clock
 --   01_tables.sql    runs, run_turns, run_calls, run_events, workers, prune_authorizations,
---                    timelines and failover_runs (failover, 0010); their indexes
+--                    timelines and failover_runs (failover, 0010); event_checkpoints,
+--                    event_checkpoint_heads, event_chain_prunes (the event chains, 0016);
+--                    their indexes
 --   02_helpers.sql   internal helpers, granted to no one: _raise; _cap (every cap on a text
 --                    or array argument); checks (_check_run_id, _check_text,
 --                    _check_worker_id, _check_lease, _check_flow, _check_json_depth,
---                    _check_json_*, _check_word, _parse_flows); _event (every event row);
+--                    _check_json_*, _check_word, _parse_flows); _event (every event row),
+--                    _event_hash and _checkpoint_digest (the event chains, 0016);
 --                    _notify_queued; locks (_lock_run, _lock_leased_run, _lock_call);
 --                    timelines (_timeline, _token_floor)
 --   03_leases.sql    submit_run, _note_timeline (failover detection), _gone_sessions
@@ -26,7 +29,7 @@
 --                    complete_call, complete_call_v2, finish_run
 --   05_operator.sql  resolve_call; approve_call, deny_call (human approval); cancel_run,
 --                    retry_run, prune_runs (retention); their helpers _requeue_if_settled
---                    and _lock_awaiting_call
+--                    and _lock_awaiting_call; checkpoint_events and checkpoint 0 (0016)
 --   06_wall.sql      the second wall: guard trigger functions and their triggers, and
 --                    the pruning authorization (_prune_authorized) that prune_runs grants itself
 --   07_views.sql     audit views: run_timeline, effect_ledger, lease_history

@@ -146,10 +146,56 @@ CREATE TABLE runledger.run_events (
     fencing_token bigint,
     state_version bigint,
     detail jsonb NOT NULL DEFAULT '{}'::jsonb,
-    CONSTRAINT pk_run_events PRIMARY KEY (event_id)
+    -- revision 0016: the link of the run's hash chain (runledger._event_hash over the run's
+    -- previous event's hash and this event's columns). NULL only for the events written
+    -- before 0016 (event_id <= checkpoint 0's through_event_id). See docs/audit.md.
+    hash bytea,
+    CONSTRAINT pk_run_events PRIMARY KEY (event_id),
+    CONSTRAINT ck_run_events_hash CHECK (hash IS NULL OR octet_length(hash) = 32)
 );
 -- No foreign key: events outlive their run when prune_runs(..., keep_events => true).
 CREATE INDEX ix_run_events_run_id ON runledger.run_events (run_id, event_id);
+
+-- Revision 0016: checkpoints of the event chains. A checkpoint is made with no event
+-- write in flight (runledger.checkpoint_events): every event up to through_event_id had
+-- committed, and each run with an event after the previous checkpoint's through_event_id
+-- has its head (its last event then) in event_checkpoint_heads. digest chains the
+-- checkpoints: runledger._checkpoint_digest over the previous digest, this checkpoint's
+-- id and through_event_id, and its heads. Checkpoint 0 is written by the schema itself:
+-- the events up to its through_event_id were written before 0016 and carry no hash.
+-- Append-only (06_wall.sql); an auditor who keeps a digest outside the database can tell
+-- a rewritten history from the true one (runledger audit --expect).
+CREATE TABLE runledger.event_checkpoints (
+    checkpoint_id bigint NOT NULL,
+    at timestamptz NOT NULL,
+    actor text,
+    through_event_id bigint NOT NULL,
+    runs integer NOT NULL,
+    previous_digest bytea,
+    digest bytea NOT NULL,
+    CONSTRAINT pk_event_checkpoints PRIMARY KEY (checkpoint_id),
+    CONSTRAINT ck_event_checkpoints_first CHECK ((checkpoint_id = 0) = (previous_digest IS NULL))
+);
+CREATE TABLE runledger.event_checkpoint_heads (
+    checkpoint_id bigint NOT NULL,
+    run_id text NOT NULL,
+    event_id bigint NOT NULL,
+    hash bytea NOT NULL,
+    CONSTRAINT pk_event_checkpoint_heads PRIMARY KEY (checkpoint_id, run_id),
+    CONSTRAINT fk_event_checkpoint_heads_checkpoint_id_event_checkpoints FOREIGN KEY (checkpoint_id)
+        REFERENCES runledger.event_checkpoints (checkpoint_id)
+);
+-- Revision 0016: the chains prune_runs deleted (with keep events false), one row per run:
+-- its last event and that event's hash. A checkpoint head of such a run is not missing
+-- but pruned. Written only by prune_runs (the pruning authorization); append-only.
+CREATE TABLE runledger.event_chain_prunes (
+    run_id text NOT NULL,
+    last_event_id bigint NOT NULL,
+    last_hash bytea,
+    events integer NOT NULL,
+    pruned_at timestamptz NOT NULL,
+    CONSTRAINT pk_event_chain_prunes PRIMARY KEY (run_id, last_event_id)
+);
 
 CREATE TABLE runledger.workers (
     worker_id text NOT NULL,

@@ -255,6 +255,39 @@ $$;
 
 -- -- writes every function shares -----------------------------------------------------
 
+-- Revision 0016: the link of an event in its run's hash chain. sha256 over the previous
+-- event's hash (none for a run's first event, or the first after revision 0016) and the
+-- event's columns as one JSON array: [event_id, run_id, at in microseconds since the
+-- epoch, kind, actor, fencing_token, state_version, detail]. jsonb's text form is
+-- canonical (keys sorted, one spelling of each number) and the time is an integer, so the
+-- input depends on no session setting. Inlined where it is used (plain SQL, STABLE).
+CREATE FUNCTION runledger._event_hash(p_previous bytea, p_event_id bigint, p_run_id text,
+                                      p_at timestamptz, p_kind text, p_actor text,
+                                      p_fencing_token bigint, p_state_version bigint,
+                                      p_detail jsonb) RETURNS bytea
+LANGUAGE sql STABLE
+AS $$
+    SELECT pg_catalog.sha256(
+        coalesce(p_previous, ''::bytea) OPERATOR(pg_catalog.||) pg_catalog.convert_to(
+            pg_catalog.jsonb_build_array(p_event_id, p_run_id,
+                (EXTRACT(epoch FROM p_at) OPERATOR(pg_catalog.*) 1000000)::bigint,
+                p_kind, p_actor, p_fencing_token, p_state_version, p_detail)::text, 'UTF8'))
+$$;
+
+-- Revision 0016: a checkpoint's digest, chained over the previous one. heads: the
+-- checkpoint's heads as 'run_id event_id hash-hex' lines in run_id order, joined by
+-- newlines (see runledger.checkpoint_events).
+CREATE FUNCTION runledger._checkpoint_digest(p_previous bytea, p_checkpoint_id bigint,
+                                             p_through_event_id bigint, p_heads text)
+RETURNS bytea
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT pg_catalog.sha256(
+        coalesce(p_previous, ''::bytea) OPERATOR(pg_catalog.||) pg_catalog.convert_to(
+            p_checkpoint_id::text || ' ' || p_through_event_id::text || E'\n'
+            || coalesce(p_heads, ''), 'UTF8'))
+$$;
+
 -- The only INSERT into run_events. Callers pass the event kind as a literal, so a grep
 -- for it finds the writer. p_at: the function's one reading of the clock when the event
 -- belongs to a set-based statement (claims, renewals); otherwise the clock now.
@@ -264,6 +297,11 @@ $$;
 -- Revision 0015: an event that changes what an operator sees of a run (not the per-call
 -- and per-turn ones) is also sent on NOTIFY channel runledger_events, payload
 -- '<event_id> <run_id> <kind>', at commit (a rolled-back event sends nothing).
+-- Revision 0016: the event carries its link in the run's hash chain. Every caller holds
+-- the run's row lock (FOR UPDATE or an UPDATE of it), so one run's events are appended one
+-- at a time and each reads its predecessor's hash committed. The event id is drawn inside
+-- the INSERT, after its table lock: runledger.checkpoint_events, which takes the table in
+-- SHARE mode, never misses an id drawn before it and inserted after it.
 CREATE FUNCTION runledger._event(p_run_id text, p_kind text, p_actor text,
                                  p_fencing_token bigint, p_state_version bigint,
                                  p_detail jsonb, p_at timestamptz DEFAULT NULL) RETURNS void
@@ -271,10 +309,18 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_id bigint;
+    v_at timestamptz := coalesce(p_at, runledger.now());
+    v_detail jsonb := coalesce(p_detail, '{}'::jsonb);
+    v_previous bytea;
 BEGIN
-    INSERT INTO runledger.run_events (run_id, at, kind, actor, fencing_token, state_version, detail)
-    VALUES (p_run_id, coalesce(p_at, runledger.now()), p_kind, p_actor, p_fencing_token,
-            p_state_version, coalesce(p_detail, '{}'::jsonb))
+    SELECT e.hash INTO v_previous FROM runledger.run_events e
+    WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
+    INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
+                                      state_version, detail, hash)
+    SELECT n.id, p_run_id, v_at, p_kind, p_actor, p_fencing_token, p_state_version, v_detail,
+           runledger._event_hash(v_previous, n.id, p_run_id, v_at, p_kind, p_actor,
+                                 p_fencing_token, p_state_version, v_detail)
+    FROM (SELECT pg_catalog.nextval('runledger.run_events_event_id_seq'::regclass) AS id) n
     RETURNING event_id INTO v_id;
     IF p_kind NOT IN ('call_dispatched', 'call_succeeded', 'call_failed', 'call_not_applied',
                       'turn_recorded', 'checkpoint') THEN

@@ -285,6 +285,14 @@ BEGIN
     ), events AS (
         DELETE FROM runledger.run_events e
         WHERE NOT coalesce(p_keep_events, false) AND e.run_id IN (SELECT g.run_id FROM gone g)
+        RETURNING e.run_id, e.event_id, e.hash
+    ), chains AS (
+        -- revision 0016: each deleted chain, so that audit tells it from a tampered one
+        INSERT INTO runledger.event_chain_prunes (run_id, last_event_id, last_hash, events,
+                                                  pruned_at)
+        SELECT DISTINCT ON (d.run_id) d.run_id, d.event_id, d.hash,
+               count(*) OVER (PARTITION BY d.run_id), runledger.now()
+        FROM events d ORDER BY d.run_id, d.event_id DESC
     )
     SELECT count(*) INTO v_count FROM gone;
     DELETE FROM runledger.prune_authorizations a WHERE a.txid = v_txid;
@@ -336,9 +344,100 @@ BEGIN
     ), events AS (
         DELETE FROM runledger.run_events e
         WHERE NOT p_keep_events AND e.run_id IN (SELECT g.run_id FROM gone g)
+        RETURNING e.run_id, e.event_id, e.hash
+    ), chains AS (
+        -- revision 0016: each deleted chain, so that audit tells it from a tampered one
+        INSERT INTO runledger.event_chain_prunes (run_id, last_event_id, last_hash, events,
+                                                  pruned_at)
+        SELECT DISTINCT ON (d.run_id) d.run_id, d.event_id, d.hash,
+               count(*) OVER (PARTITION BY d.run_id), runledger.now()
+        FROM events d ORDER BY d.run_id, d.event_id DESC
     )
     SELECT count(*) INTO v_count FROM gone;
     DELETE FROM runledger.prune_authorizations a WHERE a.txid = v_txid;
     RETURN v_count;
 END
 $$;
+
+-- Revision 0016: a checkpoint of the event chains (docs/audit.md). With no event write in
+-- flight (run_events taken in SHARE mode: the lock waits for the transactions writing
+-- events to end, and holds new ones back until this one commits, at most lock_timeout),
+-- it records the head (last event and its hash) of every run that has an event after the
+-- previous checkpoint, and chains its digest over the previous checkpoint's. A head that
+-- later disagrees with its run's events (a deleted tail, a rehashed chain) is caught by
+-- runledger audit, and so is a checkpoint removed or changed.
+-- Skips (created false, the last checkpoint returned) when the last checkpoint is younger
+-- than p_min_age, when another checkpoint is being made, when no event came since, or
+-- when the lock was not granted within lock_timeout: the next call makes it. Workers call
+-- it every 10 s (p_min_age 10 s), `runledger checkpoint` on demand.
+CREATE FUNCTION runledger.checkpoint_events(p_actor text, p_min_age interval)
+RETURNS TABLE (checkpoint_id bigint, at timestamptz, through_event_id bigint, runs integer,
+               digest text, created boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+SET lock_timeout = '200ms'
+AS $$
+DECLARE
+    v_last runledger.event_checkpoints;
+    v_now timestamptz := runledger.now();
+    v_through bigint;
+    v_made boolean := false;
+BEGIN
+    PERFORM runledger._check_text('actor', p_actor, 1, runledger._cap('actor'));
+    IF p_min_age IS NULL OR p_min_age < interval '0' THEN
+        PERFORM runledger._raise('RL006', 'min age must be an interval of 0 or more', NULL,
+            NULL);
+    END IF;
+    -- one checkpointer at a time (key: 'runledger checkpoint'); the others skip
+    IF pg_try_advisory_xact_lock(hashtextextended('runledger checkpoint', 0)) THEN
+        SELECT * INTO v_last FROM runledger.event_checkpoints k
+        ORDER BY k.checkpoint_id DESC LIMIT 1;
+        IF v_now - v_last.at >= p_min_age THEN
+            BEGIN
+                LOCK TABLE runledger.run_events IN SHARE MODE;
+                SELECT max(e.event_id) INTO v_through FROM runledger.run_events e
+                WHERE e.event_id > v_last.through_event_id;
+                IF v_through IS NOT NULL THEN
+                    WITH heads AS (
+                        SELECT DISTINCT ON (e.run_id) e.run_id, e.event_id,
+                               coalesce(e.hash, ''::bytea) AS hash
+                        FROM runledger.run_events e
+                        WHERE e.event_id > v_last.through_event_id AND e.event_id <= v_through
+                        ORDER BY e.run_id, e.event_id DESC
+                    ), made AS (
+                        INSERT INTO runledger.event_checkpoints (checkpoint_id, at, actor,
+                            through_event_id, runs, previous_digest, digest)
+                        SELECT v_last.checkpoint_id + 1, v_now, p_actor, v_through, count(*),
+                               v_last.digest,
+                               runledger._checkpoint_digest(v_last.digest,
+                                   v_last.checkpoint_id + 1, v_through,
+                                   string_agg(h.run_id || ' ' || h.event_id || ' '
+                                              || encode(h.hash, 'hex'), E'\n'
+                                              ORDER BY h.run_id COLLATE "C"))
+                        FROM heads h
+                        RETURNING 1
+                    )
+                    INSERT INTO runledger.event_checkpoint_heads (checkpoint_id, run_id,
+                                                                  event_id, hash)
+                    SELECT v_last.checkpoint_id + 1, h.run_id, h.event_id, h.hash
+                    FROM heads h;  -- (made runs too: a WITH that writes always runs)
+                    v_made := true;
+                END IF;
+            EXCEPTION WHEN lock_not_available THEN
+                v_made := false;  -- event writers held the table past lock_timeout
+            END;
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT k.checkpoint_id, k.at, k.through_event_id, k.runs, encode(k.digest, 'hex'), v_made
+    FROM runledger.event_checkpoints k ORDER BY k.checkpoint_id DESC LIMIT 1;
+END
+$$;
+
+-- Checkpoint 0: where the chains start. The events up to its through_event_id were
+-- written before revision 0016 and carry no hash (none, on a schema installed at 0016).
+INSERT INTO runledger.event_checkpoints (checkpoint_id, at, actor, through_event_id, runs,
+                                         previous_digest, digest)
+SELECT 0, runledger.now(), 'runledger migrate', coalesce(max(e.event_id), 0), 0, NULL,
+       runledger._checkpoint_digest(NULL, 0, coalesce(max(e.event_id), 0), NULL)
+FROM runledger.run_events e;

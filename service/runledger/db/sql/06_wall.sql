@@ -311,3 +311,50 @@ ALTER TABLE runledger.failover_runs ENABLE ALWAYS TRIGGER tg_failover_runs_guard
 CREATE TRIGGER tg_failover_runs_no_truncate BEFORE TRUNCATE ON runledger.failover_runs
     FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_failover_record();
 ALTER TABLE runledger.failover_runs ENABLE ALWAYS TRIGGER tg_failover_runs_no_truncate;
+
+
+-- Revision 0016: the checkpoints of the event chains are append-only, and the record of
+-- pruned chains is written only by prune_runs. No role may write these tables directly;
+-- the guards stop their owner too (a superuser who disables them is caught by audit
+-- against a digest kept outside the database: docs/audit.md).
+CREATE FUNCTION runledger._guard_event_chain() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'INSERT' AND (TG_TABLE_NAME <> 'event_chain_prunes'
+                             OR runledger._prune_authorized()) THEN
+        RETURN NEW;
+    END IF;
+    PERFORM runledger._raise('RL007',
+        format('%s is append-only (%s refused)', TG_TABLE_NAME, TG_OP), NULL,
+        CASE WHEN TG_TABLE_NAME = 'event_chain_prunes'
+             THEN 'rows are written by runledger.prune_runs only'
+             ELSE 'checkpoints are written by runledger.checkpoint_events only' END);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER tg_event_checkpoints_guard BEFORE UPDATE OR DELETE
+    ON runledger.event_checkpoints
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_event_chain();
+ALTER TABLE runledger.event_checkpoints ENABLE ALWAYS TRIGGER tg_event_checkpoints_guard;
+CREATE TRIGGER tg_event_checkpoints_no_truncate BEFORE TRUNCATE ON runledger.event_checkpoints
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_event_chain();
+ALTER TABLE runledger.event_checkpoints ENABLE ALWAYS TRIGGER tg_event_checkpoints_no_truncate;
+CREATE TRIGGER tg_event_checkpoint_heads_guard BEFORE UPDATE OR DELETE
+    ON runledger.event_checkpoint_heads
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_event_chain();
+ALTER TABLE runledger.event_checkpoint_heads ENABLE ALWAYS TRIGGER tg_event_checkpoint_heads_guard;
+CREATE TRIGGER tg_event_checkpoint_heads_no_truncate BEFORE TRUNCATE
+    ON runledger.event_checkpoint_heads
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_event_chain();
+ALTER TABLE runledger.event_checkpoint_heads
+    ENABLE ALWAYS TRIGGER tg_event_checkpoint_heads_no_truncate;
+CREATE TRIGGER tg_event_chain_prunes_guard BEFORE INSERT OR UPDATE OR DELETE
+    ON runledger.event_chain_prunes
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_event_chain();
+ALTER TABLE runledger.event_chain_prunes ENABLE ALWAYS TRIGGER tg_event_chain_prunes_guard;
+CREATE TRIGGER tg_event_chain_prunes_no_truncate BEFORE TRUNCATE
+    ON runledger.event_chain_prunes
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_event_chain();
+ALTER TABLE runledger.event_chain_prunes ENABLE ALWAYS TRIGGER tg_event_chain_prunes_no_truncate;

@@ -38,6 +38,8 @@ BEGIN
         GRANT SELECT ON runledger.runs, runledger.run_turns, runledger.run_calls,
                         runledger.run_events, runledger.workers, runledger.settings,
                         runledger.timelines, runledger.failover_runs,
+                        runledger.event_checkpoints, runledger.event_checkpoint_heads,
+                        runledger.event_chain_prunes,
                         runledger.run_timeline, runledger.effect_ledger, runledger.lease_history,
                         runledger.alembic_version
             TO runledger_worker;
@@ -65,7 +67,8 @@ BEGIN
             runledger.register_worker(text, text, int, text[]),
             runledger.register_worker_v2(text, text, int, text[], boolean),
             runledger.heartbeat_listener(text),
-            runledger.heartbeat_worker(text, boolean)
+            runledger.heartbeat_worker(text, boolean),
+            runledger.checkpoint_events(text, interval)
         TO runledger_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_operator') THEN

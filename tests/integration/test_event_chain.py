@@ -1,0 +1,443 @@
+"""The tamper-evident event log (revision 0016, docs/audit.md): every event's hash links
+it to its run's previous event, checkpoints record the chain heads and chain their own
+digests, and `runledger audit` names the first broken link of whatever was changed.
+
+Each forgery is made as the owner with the guard triggers disabled, as a superuser would.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from psycopg.rows import dict_row
+
+from runledger.audit import Anchor, audit
+from runledger.cli import main
+from runledger.db.store import Store
+
+Conn = psycopg.Connection[Any]
+CHAIN = {"event_chain_broken", "checkpoint_head_changed", "checkpoint_chain_broken"}
+
+
+async def _finished_run(store: Store, run_id: str, calls: int = 2) -> None:
+    await store.submit_run(run_id, "demo", "1", {})
+    (c,) = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    args = (c.run_id, c.lease_id, c.fencing_token)
+    plan = [{"call_id": f"c{i}", "tool": "t", "args": {"i": i}} for i in range(calls)]
+    await store.record_turn(*args, 0, plan)
+    for i in range(calls):
+        key = f"{c.run_id}:0:c{i}"  # (concurrent: the claim may take another queued run)
+        await store.dispatch_call(*args, key)
+        await store.complete_call(*args, key, "succeeded", {"ok": i}, {"id": i})
+    await store.record_turn(*args, 1, [])
+    await store.finish_run(*args, "succeeded", {"done": True}, None)
+
+
+def _checkpoint(conn: Conn) -> dict[str, Any]:
+    row = conn.execute("SELECT * FROM runledger.checkpoint_events('test', interval '0')").fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def _events(conn: Conn, run_id: str) -> list[dict[str, Any]]:
+    return list(
+        conn.execute(
+            "SELECT * FROM runledger.run_events WHERE run_id = %s ORDER BY event_id", (run_id,)
+        ).fetchall()
+    )
+
+
+def _broken(url: str, *anchors: Anchor) -> dict[str, list[dict[str, Any]]]:
+    return {f.check.name: f.rows for f in audit(url, expect=anchors).findings if not f.ok}
+
+
+class _Unguarded:
+    """The guard triggers of the chain's tables off for a block, as a superuser can."""
+
+    TABLES = ("run_events", "event_checkpoints", "event_checkpoint_heads", "event_chain_prunes")
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> Conn:
+        for t in self.TABLES:
+            self.conn.execute(f"ALTER TABLE runledger.{t} DISABLE TRIGGER ALL")  # type: ignore[arg-type]
+        return self.conn
+
+    def __exit__(self, *exc: object) -> None:
+        for t in self.TABLES:
+            self.conn.execute(f"ALTER TABLE runledger.{t} ENABLE TRIGGER ALL")  # type: ignore[arg-type]
+        for row in self.conn.execute(
+            "SELECT tgrelid::regclass::text AS rel, tgname FROM pg_trigger"
+            " WHERE NOT tgisinternal AND tgrelid::regclass::text = ANY(%s)",
+            ([f"runledger.{t}" for t in self.TABLES],),
+        ).fetchall():
+            self.conn.execute(
+                f'ALTER TABLE {row["rel"]} ENABLE ALWAYS TRIGGER "{row["tgname"]}"'  # type: ignore[arg-type]
+            )
+
+
+@pytest.fixture
+def admin(admin_conn: Conn) -> Conn:
+    admin_conn.row_factory = dict_row  # type: ignore[assignment]
+    return admin_conn
+
+
+# -- an honest history --------------------------------------------------------------------
+
+
+async def test_every_event_is_chained_by_the_documented_formula(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    await _finished_run(store, "ch-1")
+    rows = admin.execute(
+        "SELECT e.event_id, e.hash, jsonb_build_array(e.event_id, e.run_id,"
+        " (extract(epoch FROM e.at) * 1000000)::bigint, e.kind, e.actor, e.fencing_token,"
+        " e.state_version, e.detail)::text AS canonical"
+        " FROM runledger.run_events e WHERE e.run_id = 'ch-1' ORDER BY e.event_id"
+    ).fetchall()
+    assert len(rows) >= 8
+    previous = b""
+    for r in rows:  # recomputed outside the database: sha256(previous hash || canonical)
+        assert bytes(r["hash"]) == hashlib.sha256(previous + r["canonical"].encode()).digest()
+        previous = bytes(r["hash"])
+    assert json.loads(rows[0]["canonical"])[3] == "submitted"
+    _checkpoint(admin)
+    assert _broken(database_url) == {}
+
+
+async def test_a_checkpoint_records_the_heads_of_the_runs_with_new_events(
+    store: Store, admin: Conn
+) -> None:
+    await _finished_run(store, "ch-1")
+    await _finished_run(store, "ch-2")
+    first = _checkpoint(admin)
+    assert first["created"] and first["checkpoint_id"] == 1 and first["runs"] == 2
+    heads = admin.execute(
+        "SELECT run_id, event_id, hash FROM runledger.event_checkpoint_heads"
+        " WHERE checkpoint_id = 1 ORDER BY run_id"
+    ).fetchall()
+    for h in heads:
+        last = _events(admin, h["run_id"])[-1]
+        assert (h["event_id"], h["hash"]) == (last["event_id"], last["hash"])
+    # nothing new: no checkpoint, the last one returned
+    again = _checkpoint(admin)
+    assert not again["created"] and again["checkpoint_id"] == 1
+    # a young last checkpoint is kept when asked for a minimum age
+    await _finished_run(store, "ch-3")
+    young = admin.execute(
+        "SELECT * FROM runledger.checkpoint_events('test', interval '1 hour')"
+    ).fetchone()
+    assert young is not None and not young["created"]
+    second = _checkpoint(admin)
+    assert second["created"] and second["checkpoint_id"] == 2 and second["runs"] == 1
+    assert second["through_event_id"] == _events(admin, "ch-3")[-1]["event_id"]
+
+
+async def test_a_checkpoint_waits_for_no_event_write_in_flight(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    """An event written but not yet committed would be missed by a checkpoint that read
+    past it: the checkpoint gives up (its lock_timeout) instead, and the next one has it."""
+    await _finished_run(store, "ch-1")
+    with psycopg.connect(database_url, autocommit=False, row_factory=dict_row) as writer:
+        writer.execute("SELECT * FROM runledger.submit_run('ch-open', 'demo', '1', '{}')")
+        waited = _checkpoint(admin)  # the writer holds run_events: lock_timeout, no checkpoint
+        assert not waited["created"] and waited["checkpoint_id"] == 0
+        writer.commit()
+    made = _checkpoint(admin)
+    assert made["created"]
+    heads = {
+        r["run_id"]
+        for r in admin.execute(
+            "SELECT run_id FROM runledger.event_checkpoint_heads WHERE checkpoint_id = %s",
+            (made["checkpoint_id"],),
+        )
+    }
+    assert heads == {"ch-1", "ch-open"}
+
+
+def test_checkpoint_events_refuses_bad_input_and_writes_nothing(admin: Conn) -> None:
+    for sql in (
+        "SELECT * FROM runledger.checkpoint_events(NULL, interval '0')",
+        "SELECT * FROM runledger.checkpoint_events('', interval '0')",
+        "SELECT * FROM runledger.checkpoint_events('x', NULL)",
+        "SELECT * FROM runledger.checkpoint_events('x', interval '-1 s')",
+    ):
+        with pytest.raises(psycopg.Error) as caught:
+            admin.execute(sql)  # type: ignore[arg-type]
+        assert caught.value.sqlstate == "RL006", sql
+    count = admin.execute("SELECT count(*) AS n FROM runledger.event_checkpoints").fetchone()
+    assert count is not None and count["n"] == 1  # checkpoint 0 only
+
+
+def test_the_chain_tables_are_append_only_even_for_their_owner(admin: Conn) -> None:
+    for sql in (
+        "UPDATE runledger.event_checkpoints SET actor = 'x'",
+        "DELETE FROM runledger.event_checkpoints",
+        "TRUNCATE runledger.event_checkpoint_heads",
+        "INSERT INTO runledger.event_chain_prunes VALUES ('r', 1, NULL, 1, now())",
+    ):
+        with pytest.raises(psycopg.Error) as caught:
+            admin.execute(sql)  # type: ignore[arg-type]
+        assert caught.value.sqlstate == "RL007", sql
+
+
+async def test_a_concurrent_history_stays_verifiable(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    """Runs written by several connections at once, checkpoints made meanwhile: every
+    chain and checkpoint verifies (each run's events are appended under its row lock)."""
+    import asyncio
+
+    stop = threading.Event()
+
+    def checkpoints() -> None:
+        with psycopg.connect(database_url, autocommit=True) as c:
+            while not stop.is_set():
+                c.execute("SELECT * FROM runledger.checkpoint_events('t', interval '0')")
+
+    t = threading.Thread(target=checkpoints)
+    t.start()
+    try:
+        await asyncio.gather(*(_finished_run(store, f"cc-{i}", calls=3) for i in range(12)))
+    finally:
+        stop.set()
+        t.join()
+    _checkpoint(admin)
+    assert _broken(database_url) == {}
+
+
+# -- forgeries ------------------------------------------------------------------------------
+
+
+async def test_an_edited_event_is_named(store: Store, admin: Conn, database_url: str) -> None:
+    await _finished_run(store, "ch-1")
+    victim = _events(admin, "ch-1")[4]
+    with _Unguarded(admin):
+        admin.execute(
+            "UPDATE runledger.run_events SET detail = detail || '{\"forged\": 1}'"
+            " WHERE event_id = %s",
+            (victim["event_id"],),
+        )
+    (row,) = _broken(database_url)["event_chain_broken"]
+    assert (row["run_id"], row["event_id"]) == ("ch-1", victim["event_id"])
+
+
+async def test_a_deleted_middle_event_is_named_at_the_next(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    await _finished_run(store, "ch-1")
+    events = _events(admin, "ch-1")
+    with _Unguarded(admin):
+        admin.execute(
+            "DELETE FROM runledger.run_events WHERE event_id = %s", (events[3]["event_id"],)
+        )
+    (row,) = _broken(database_url)["event_chain_broken"]
+    assert row["event_id"] == events[4]["event_id"]
+
+
+async def test_an_inserted_event_with_a_valid_link_breaks_the_next_one(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    await _finished_run(store, "ch-1")
+    await _finished_run(store, "ch-2")  # ch-1 and ch-2 interleave: ids free inside ch-1
+    await store.submit_run("ch-1b", "demo", "1", {})
+    events = _events(admin, "ch-1")
+    with _Unguarded(admin):
+        # a forger who knows the formula links the event to its predecessor correctly
+        admin.execute(
+            "INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, detail, hash)"
+            " SELECT 0, 'ch-1', now(), 'call_succeeded', 'forger', '{}',"
+            " runledger._event_hash(NULL, 0, 'ch-1', now(), 'call_succeeded', 'forger',"
+            " NULL, NULL, '{}')"
+        )
+    (row,) = _broken(database_url)["event_chain_broken"]
+    assert row["event_id"] == events[0]["event_id"]  # its successor names the forgery
+
+
+async def test_a_deleted_tail_is_caught_by_the_checkpoint(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    await _finished_run(store, "ch-1")
+    made = _checkpoint(admin)
+    events = _events(admin, "ch-1")
+    with _Unguarded(admin):
+        admin.execute(
+            "DELETE FROM runledger.run_events WHERE event_id >= %s", (events[-2]["event_id"],)
+        )
+    broken = _broken(database_url)
+    assert set(broken) == {"checkpoint_head_changed"}  # the shorter chain is whole
+    (row,) = broken["checkpoint_head_changed"]
+    assert (row["checkpoint_id"], row["run_id"], row["event_id"]) == (
+        made["checkpoint_id"],
+        "ch-1",
+        events[-1]["event_id"],
+    )
+    assert row["problem"] == "the event is gone"
+
+
+async def test_a_rehashed_chain_is_caught_by_the_checkpoint(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    """The forger edits an event and recomputes every hash after it: the links hold, the
+    head no longer matches the checkpoint."""
+    await _finished_run(store, "ch-1")
+    _checkpoint(admin)
+    events = _events(admin, "ch-1")
+    with _Unguarded(admin):
+        admin.execute(
+            "UPDATE runledger.run_events SET actor = 'forger' WHERE event_id = %s",
+            (events[2]["event_id"],),
+        )
+        previous = events[1]["hash"]
+        for e in events[2:]:
+            row = admin.execute(
+                "UPDATE runledger.run_events e SET hash = runledger._event_hash(%s, e.event_id,"
+                " e.run_id, e.at, e.kind, e.actor, e.fencing_token, e.state_version, e.detail)"
+                " WHERE e.event_id = %s RETURNING e.hash",
+                (previous, e["event_id"]),
+            ).fetchone()
+            assert row is not None
+            previous = row["hash"]
+    broken = _broken(database_url)
+    assert set(broken) == {"checkpoint_head_changed"}
+    assert broken["checkpoint_head_changed"][0]["problem"] == (
+        "the event's hash is not the one checkpointed"
+    )
+
+
+async def test_a_forged_or_removed_checkpoint_is_named(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    await _finished_run(store, "ch-1")
+    _checkpoint(admin)
+    await _finished_run(store, "ch-2")
+    _checkpoint(admin)
+    await _finished_run(store, "ch-3")
+    _checkpoint(admin)
+    with _Unguarded(admin):
+        admin.execute(
+            "UPDATE runledger.event_checkpoint_heads SET hash = '\\x00' WHERE checkpoint_id = 2"
+        )
+    rows = _broken(database_url)["checkpoint_chain_broken"]
+    assert [(r["checkpoint_id"], r["problem"]) for r in rows] == [
+        (2, "its digest does not match its heads")
+    ]
+    with _Unguarded(admin):
+        admin.execute("DELETE FROM runledger.event_checkpoint_heads WHERE checkpoint_id = 2")
+        admin.execute("DELETE FROM runledger.event_checkpoints WHERE checkpoint_id = 2")
+    rows = _broken(database_url)["checkpoint_chain_broken"]
+    assert [(r["checkpoint_id"], r["problem"]) for r in rows] == [
+        (3, "the checkpoints before it are missing")
+    ]
+
+
+async def test_a_rewritten_history_is_caught_by_an_anchor_kept_outside(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    """Rewriting the events and every checkpoint after them is consistent inside the
+    database; the digest an auditor kept from an earlier audit is not."""
+    await _finished_run(store, "ch-1")
+    kept = _checkpoint(admin)
+    anchor = Anchor(kept["checkpoint_id"], kept["digest"])
+    assert _broken(database_url, anchor) == {}
+    with _Unguarded(admin):  # the whole history rebuilt: chain 1 dropped and made again
+        admin.execute("DELETE FROM runledger.event_checkpoint_heads WHERE checkpoint_id = 1")
+        admin.execute("DELETE FROM runledger.event_checkpoints WHERE checkpoint_id = 1")
+        admin.execute(
+            "UPDATE runledger.run_events SET actor = 'forger' WHERE run_id = 'ch-1'"
+            " AND kind = 'claimed'"
+        )
+        prev = None
+        for e in _events(admin, "ch-1"):
+            row = admin.execute(
+                "UPDATE runledger.run_events e SET hash = runledger._event_hash(%s, e.event_id,"
+                " e.run_id, e.at, e.kind, e.actor, e.fencing_token, e.state_version, e.detail)"
+                " WHERE e.event_id = %s RETURNING e.hash",
+                (prev, e["event_id"]),
+            ).fetchone()
+            assert row is not None
+            prev = row["hash"]
+    assert _checkpoint(admin)["checkpoint_id"] == 1  # a new checkpoint 1, self-consistent
+    assert _broken(database_url) == {}
+    broken = _broken(database_url, anchor)
+    assert set(broken) == {"checkpoint_anchor"}
+    (row,) = broken["checkpoint_anchor"]
+    assert row["problem"] == "the checkpoint's digest differs: the history was rewritten"
+
+
+async def test_an_event_without_hash_after_0016_is_named(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    await _finished_run(store, "ch-1")
+    admin.execute(
+        "INSERT INTO runledger.run_events (run_id, at, kind, actor) "
+        "VALUES ('ch-1', now(), 'run_cancelled', 'ghost')"
+    )
+    (row,) = _broken(database_url)["event_chain_broken"]
+    assert row["problem"] == "the event has no hash"
+
+
+async def test_pruned_chains_are_recorded_and_pass(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    await _finished_run(store, "ch-1")
+    await _finished_run(store, "ch-2")
+    _checkpoint(admin)
+    last = _events(admin, "ch-1")[-1]
+    n = len(_events(admin, "ch-1"))
+    admin.execute("SELECT runledger.prune_runs_v2(now() + interval '1 day', false, 1)")
+    pruned = admin.execute("SELECT * FROM runledger.event_chain_prunes").fetchall()
+    assert [(p["run_id"], p["last_event_id"], p["last_hash"], p["events"]) for p in pruned] == [
+        ("ch-1", last["event_id"], last["hash"], n)
+    ]
+    assert _events(admin, "ch-1") == [] and _events(admin, "ch-2") != []
+    assert _broken(database_url) == {}
+    # the same deletion by hand, without prune_runs, is tampering
+    with _Unguarded(admin):
+        admin.execute("DELETE FROM runledger.run_events WHERE run_id = 'ch-2'")
+    assert [r["run_id"] for r in _broken(database_url)["checkpoint_head_changed"]] == ["ch-2"]
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+async def test_audit_prints_the_anchor_and_checks_an_expected_one(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    await _finished_run(store, "ch-1")
+    runner = CliRunner()
+    made = runner.invoke(main, ["checkpoint", "--database-url", database_url, "--json"])
+    assert made.exit_code == 0, made.output
+    cp = json.loads(made.output)
+    assert cp["created"] and cp["checkpoint_id"] == 1 and cp["runs"] == 1
+    out = runner.invoke(main, ["audit", "--database-url", database_url])
+    assert out.exit_code == 0, out.output
+    anchor = re.search(r"^anchor (\d+:[0-9a-f]{64}) ", out.output, re.M)
+    assert anchor is not None and anchor.group(1) == f"1:{cp['digest']}"
+    good = runner.invoke(
+        main, ["audit", "--database-url", database_url, "--expect", anchor.group(1), "--json"]
+    )
+    assert good.exit_code == 0, good.output
+    doc = json.loads(good.output)
+    assert {c["check"] for c in doc} >= CHAIN | {"checkpoint_anchor", "anchor"}
+    assert doc[-1]["anchor"]["digest"] == cp["digest"]
+    wrong = "1:" + "0" * 64
+    bad = runner.invoke(main, ["audit", "--database-url", database_url, "--expect", wrong])
+    assert bad.exit_code == 1 and "FAIL checkpoint_anchor" in bad.output
+
+
+def test_a_malformed_anchor_is_one_line(database_url: str) -> None:
+    out = CliRunner().invoke(main, ["audit", "--database-url", database_url, "--expect", "12"])
+    assert out.exit_code == 2
+    assert "is not a checkpoint anchor ID:DIGEST" in out.output
+    assert "Traceback" not in out.output
