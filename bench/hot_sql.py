@@ -275,6 +275,11 @@ def main() -> None:
         for name, text in schemas.items():
             urls[name] = cl.create(f"hot_{name}")
             with psycopg.connect(urls[name], autocommit=True) as conn:
+                # the roles' grants name Alembic's table (revision 0013): as migrate makes it
+                conn.execute(
+                    "CREATE SCHEMA runledger; CREATE TABLE runledger.alembic_version"
+                    " (version_num varchar(32) PRIMARY KEY)"
+                )
                 conn.execute(text)
         names = list(schemas)
         with cl.admin() as admin:
