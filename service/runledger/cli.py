@@ -28,7 +28,14 @@ from typing import Any
 import click
 
 from runledger import errors
-from runledger.cli_approvals import APPROVABLE, approval_lines, approve, deny, shown_status
+from runledger.cli_approvals import (
+    APPROVABLE,
+    actor_option,
+    approval_lines,
+    approve,
+    deny,
+    shown_status,
+)
 from runledger.cli_audit import audit, checkpoint
 from runledger.cli_doctor import doctor
 from runledger.cli_events import events
@@ -368,6 +375,7 @@ RESOLVE_EPILOG = (
 @click.argument("resolution", type=click.Choice(list(RESOLUTIONS)))
 @_opt("--receipt", default=None, help="Provider receipt (JSON object) for 'applied'.")
 @_opt("--note", default=None, help="Why; kept in the ledger.")
+@actor_option
 def resolve(
     database_url: str | None,
     connect_timeout: float,
@@ -375,10 +383,11 @@ def resolve(
     resolution: str,
     receipt: str | None,
     note: str | None,
+    actor: str | None,
 ) -> None:
     """Resolve an unknown call (KEY is its idempotency key, as `runledger status` shows it)."""
     receipt_obj = _json_arg("--receipt", receipt, obj=True) if receipt else None
-    with _client(database_url, connect_timeout) as client:
+    with _client(database_url, connect_timeout, actor) as client:
         client.resolve(key, resolution, receipt_obj, note)
     click.echo(f"{key} resolved as {resolution}")
 
@@ -401,11 +410,16 @@ main.add_command(checkpoint)
 @connect_option
 @click.argument("run_id")
 @_opt("--reason", default=None, help="Why; kept in the ledger.")
+@actor_option
 def cancel(
-    database_url: str | None, connect_timeout: float, run_id: str, reason: str | None
+    database_url: str | None,
+    connect_timeout: float,
+    run_id: str,
+    reason: str | None,
+    actor: str | None,
 ) -> None:
     """Cancel a run; its current lease holder is refused from then on."""
-    with _client(database_url, connect_timeout) as client:
+    with _client(database_url, connect_timeout, actor) as client:
         client.cancel(run_id, reason)
     click.echo(f"{run_id} cancelled")
 
@@ -414,9 +428,10 @@ def cancel(
 @database_option
 @connect_option
 @click.argument("run_id")
-def retry(database_url: str | None, connect_timeout: float, run_id: str) -> None:
+@actor_option
+def retry(database_url: str | None, connect_timeout: float, run_id: str, actor: str | None) -> None:
     """Put a failed or paused run back in the queue."""
-    with _client(database_url, connect_timeout) as client:
+    with _client(database_url, connect_timeout, actor) as client:
         client.retry(run_id)
     click.echo(f"{run_id} queued")
 
