@@ -334,13 +334,18 @@ BEGIN
 END
 $$;
 
--- Revision 0016: a checkpoint of the event chains (docs/audit.md). With no event write in
--- flight (run_events taken in SHARE mode: the lock waits for the transactions writing
--- events to end, and holds new ones back until this one commits, at most lock_timeout),
--- it records the head (last event and its hash) of every run that has an event after the
--- previous checkpoint, and chains its digest over the previous checkpoint's. A head that
+-- Revision 0016: a checkpoint of the event chains (docs/audit.md). It records the head
+-- (last event and its hash) of every run that has an event after the previous checkpoint,
+-- up to a watermark, and chains its digest over the previous checkpoint's. A head that
 -- later disagrees with its run's events (a deleted tail, a rehashed chain) is caught by
 -- runledger audit, and so is a checkpoint removed or changed.
+-- The watermark: the greatest event id read with run_events in SHARE mode, a lock that
+-- waits for the transactions writing events to end (an id is drawn inside its INSERT,
+-- after the table lock): every event up to it has committed, every later one has a
+-- greater id. The lock is taken in a subtransaction that is rolled back at once, so
+-- writers wait for it only while the greatest id is read (at most lock_timeout), never
+-- while the heads are gathered. At most 500,000 events per checkpoint (a backlog takes
+-- several, each a few seconds).
 -- Skips (created false, the last checkpoint returned) when the last checkpoint is younger
 -- than p_min_age, when another checkpoint is being made, when no event came since, or
 -- when the lock was not granted within lock_timeout: the next call makes it. Workers call
@@ -372,35 +377,41 @@ BEGIN
                 LOCK TABLE runledger.run_events IN SHARE MODE;
                 SELECT max(e.event_id) INTO v_through FROM runledger.run_events e
                 WHERE e.event_id > v_last.through_event_id;
-                IF v_through IS NOT NULL THEN
-                    WITH heads AS (
-                        SELECT DISTINCT ON (e.run_id) e.run_id, e.event_id,
-                               coalesce(e.hash, ''::bytea) AS hash
-                        FROM runledger.run_events e
-                        WHERE e.event_id > v_last.through_event_id AND e.event_id <= v_through
-                        ORDER BY e.run_id, e.event_id DESC
-                    ), made AS (
-                        INSERT INTO runledger.event_checkpoints (checkpoint_id, at, actor,
-                            through_event_id, runs, previous_digest, digest)
-                        SELECT v_last.checkpoint_id + 1, v_now, p_actor, v_through, count(*),
-                               v_last.digest,
-                               runledger._checkpoint_digest(v_last.digest,
-                                   v_last.checkpoint_id + 1, v_through,
-                                   string_agg(h.run_id || ' ' || h.event_id || ' '
-                                              || encode(h.hash, 'hex'), E'\n'
-                                              ORDER BY h.run_id COLLATE "C"))
-                        FROM heads h
-                        RETURNING 1
-                    )
-                    INSERT INTO runledger.event_checkpoint_heads (checkpoint_id, run_id,
-                                                                  event_id, hash)
-                    SELECT v_last.checkpoint_id + 1, h.run_id, h.event_id, h.hash
-                    FROM heads h;  -- (made runs too: a WITH that writes always runs)
-                    v_made := true;
-                END IF;
-            EXCEPTION WHEN lock_not_available THEN
-                v_made := false;  -- event writers held the table past lock_timeout
+                -- roll the subtransaction back: the lock goes, the value stays
+                RAISE EXCEPTION USING ERRCODE = 'RL0WM';
+            EXCEPTION
+                WHEN SQLSTATE 'RL0WM' THEN
+                    NULL;
+                WHEN lock_not_available THEN
+                    v_through := NULL;  -- event writers held the table past lock_timeout
             END;
+            IF v_through IS NOT NULL THEN
+                v_through := least(v_through, v_last.through_event_id + 500000);
+                WITH heads AS (
+                    SELECT DISTINCT ON (e.run_id) e.run_id, e.event_id,
+                           coalesce(e.hash, ''::bytea) AS hash
+                    FROM runledger.run_events e
+                    WHERE e.event_id > v_last.through_event_id AND e.event_id <= v_through
+                    ORDER BY e.run_id, e.event_id DESC
+                ), made AS (
+                    INSERT INTO runledger.event_checkpoints (checkpoint_id, at, actor,
+                        through_event_id, runs, previous_digest, digest)
+                    SELECT v_last.checkpoint_id + 1, v_now, p_actor, v_through, count(*),
+                           v_last.digest,
+                           runledger._checkpoint_digest(v_last.digest,
+                               v_last.checkpoint_id + 1, v_through,
+                               string_agg(h.run_id || ' ' || h.event_id || ' '
+                                          || encode(h.hash, 'hex'), E'\n'
+                                          ORDER BY h.run_id COLLATE "C"))
+                    FROM heads h
+                    RETURNING 1
+                )
+                INSERT INTO runledger.event_checkpoint_heads (checkpoint_id, run_id,
+                                                              event_id, hash)
+                SELECT v_last.checkpoint_id + 1, h.run_id, h.event_id, h.hash
+                FROM heads h;  -- (made runs too: a WITH that writes always runs)
+                v_made := true;
+            END IF;
         END IF;
     END IF;
     RETURN QUERY

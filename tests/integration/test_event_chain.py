@@ -441,3 +441,25 @@ def test_a_malformed_anchor_is_one_line(database_url: str) -> None:
     assert out.exit_code == 2
     assert "is not a checkpoint anchor ID:DIGEST" in out.output
     assert "Traceback" not in out.output
+
+
+async def test_writers_wait_for_a_checkpoint_only_while_it_reads_the_watermark(
+    store: Store, admin: Conn, database_url: str
+) -> None:
+    """The table lock is held while the greatest event id is read, not while the heads
+    are gathered: an event written from another session while a checkpoint's transaction
+    is still open goes through at once, and the next checkpoint has it."""
+    await _finished_run(store, "ch-1")
+    with psycopg.connect(database_url, autocommit=False, row_factory=dict_row) as cp:
+        made = cp.execute(
+            "SELECT * FROM runledger.checkpoint_events('test', interval '0')"
+        ).fetchone()
+        assert made is not None and made["created"]
+        # the checkpoint's transaction is still open: a writer is not held back
+        with psycopg.connect(database_url, autocommit=True) as w:
+            w.execute("SET lock_timeout = '1s'")
+            w.execute("SELECT * FROM runledger.submit_run('ch-2', 'demo', '1', '{}')")
+        cp.commit()
+    after = _checkpoint(admin)
+    assert after["created"] and after["checkpoint_id"] == made["checkpoint_id"] + 1
+    assert _broken(database_url) == {}

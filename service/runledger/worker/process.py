@@ -462,8 +462,9 @@ class Worker(Listening):
         while True:
             await asyncio.sleep(CHECKPOINT_EVERY)
             try:
+                # a backlog's checkpoint (500,000 events at most) takes seconds
                 made = await asyncio.wait_for(
-                    self.store.checkpoint_events(self.worker_id, every), CHECKPOINT_EVERY
+                    self.store.checkpoint_events(self.worker_id, every), 6 * CHECKPOINT_EVERY
                 )
             except EXPECTED:
                 log.warning(
