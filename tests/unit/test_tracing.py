@@ -82,3 +82,17 @@ def test_submit_refuses_a_malformed_traceparent_before_connecting() -> None:
     )
     assert result.exit_code == 2, result.output
     assert "invalid traceparent '00-x-y-01'" in result.output
+
+
+def test_the_provider_snippet_of_operating_md_runs_as_shown() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
+    section = text[text.index("\n## Tracing") :]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    code = snippet + (
+        "\nwith trace.get_tracer('t').start_as_current_span('shown'):\n    pass\n"
+        "provider.shutdown()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert '"name": "shown"' in out.stdout
