@@ -3,7 +3,7 @@ one run span, three turns, three calls (each call's settle an empty coroutine), 
 executor calls them. Three settings, each in a fresh interpreter:
 
 - ``off``: OpenTelemetry never imported (the hooks find ``ActiveRun.trace`` None);
-- ``noop``: ``opentelemetry.trace`` imported, no provider configured (the API's no-op);
+- ``noop``: ``opentelemetry.trace`` imported, no provider configured (no span is made);
 - ``sdk``: an SDK TracerProvider whose processor drops every span (the cost of making
   the spans, without an exporter's).
 

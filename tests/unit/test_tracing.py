@@ -96,3 +96,20 @@ def test_the_provider_snippet_of_operating_md_runs_as_shown() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert '"name": "shown"' in out.stdout
+
+
+def test_spans_are_made_only_once_a_tracer_provider_is_set() -> None:
+    """With the API imported and no provider (OpenTelemetry's no-op) the hooks make no
+    span; a provider set later counts from the next run."""
+    code = (
+        "from runledger.worker import tracing\n"
+        "assert tracing._api() is None\n"
+        "from opentelemetry import trace\n"
+        "assert tracing._api() is None\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "assert tracing._api() is not None\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ok"

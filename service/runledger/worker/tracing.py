@@ -24,9 +24,9 @@ parent. A worker killed mid-run exports nothing of the spans it had open.
 
 Nothing here imports OpenTelemetry: spans are made only when the process has imported
 ``opentelemetry.trace`` (a TracerProvider configured by the user's code, by
-``runledger worker --otel``, or by ``opentelemetry-instrument``). Otherwise each hook is
-one attribute check (``ActiveRun.trace is None``); with the API but no provider
-configured, OpenTelemetry's no-op tracer.
+``runledger worker --otel``, or by ``opentelemetry-instrument``) and a TracerProvider is
+set (checked at each claim: one set later counts from the next run). Otherwise each hook
+is one attribute check (``ActiveRun.trace is None``).
 """
 
 from __future__ import annotations
@@ -69,9 +69,13 @@ class RunTrace:
 
 
 def _api() -> tuple[Any, Any] | None:
+    """The OpenTelemetry modules, when this process uses them and a TracerProvider is
+    configured; else None (the API's no-op would record nothing: the spans are skipped)."""
     ot = sys.modules.get("opentelemetry.trace")
     otc = sys.modules.get("opentelemetry.context")
     if ot is None or otc is None:
+        return None
+    if isinstance(ot.get_tracer_provider(), ot.ProxyTracerProvider | ot.NoOpTracerProvider):
         return None
     return ot, otc
 
