@@ -149,6 +149,8 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
 
         raise connect_error(exc, url, None) from None
     settings = settings.model_copy(update={"database_url": url})
+    if settings.otel or settings.otel_file:
+        _configure_otel(settings.otel_file)
     if settings.http_port is not None:
         import importlib.util
 
@@ -165,6 +167,31 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
     run_worker(w)
 
 
+def _configure_otel(file: str | None) -> None:
+    """``--otel``: the SDK's TracerProvider for this process (runledger.worker.otel)."""
+    from runledger.worker.tracing import INSTALL_HINT
+
+    try:
+        from runledger.worker import otel
+    except ImportError:
+        raise click.UsageError(INSTALL_HINT) from None
+    try:
+        otel.configure(file)
+    except (otel.ExporterNotFound, OSError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _traceparent(value: str | None) -> str | None:
+    from runledger.db.validate import check_traceparent
+
+    if value is not None:
+        try:
+            check_traceparent(value)
+        except errors.InvalidInput as exc:
+            raise click.BadParameter(f"{exc.message}: {exc.hint}.") from None
+    return value
+
+
 @main.command(context_settings=CONTEXT)
 @database_option
 @connect_option
@@ -176,6 +203,12 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
     help="Run id (default: generated; an empty one is refused). Resubmitting is a no-op.",
 )
 @_opt("--priority", type=click.IntRange(-(2**31), 2**31 - 1), default=0, help="Higher runs first.")
+@_opt(
+    "--traceparent",
+    default=None,
+    callback=lambda ctx, param, value: _traceparent(value),
+    help="A W3C trace context (00-<trace id>-<parent id>-<flags>) the run's spans continue.",
+)
 @json_option
 def submit(
     database_url: str | None,
@@ -184,6 +217,7 @@ def submit(
     input_json: str,
     run_id: str | None,
     priority: int,
+    traceparent: str | None,
     as_json: bool,
 ) -> None:
     """Submit a run of FLOW (name@version)."""
@@ -195,7 +229,7 @@ def submit(
     with _client(database_url, connect_timeout) as client:
         name, version = client.resolve_flow(flow)
         ref = f"{name}@{version}"
-        res = client.submit(ref, payload, run_id=run_id, priority=priority)
+        res = client.submit(ref, payload, run_id=run_id, priority=priority, traceparent=traceparent)
         if ref not in client.known_flows():  # after: a refused submit is its one line only
             click.echo(
                 f"warning: no worker has registered {ref} yet; the run waits for one", err=True

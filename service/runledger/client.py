@@ -29,6 +29,7 @@ from runledger.model import (
     SubmitResult,
     parse_flow_ref,
 )
+from runledger.tracecontext import current_traceparent
 
 T = TypeVar("T")
 
@@ -126,15 +127,25 @@ class Client:
         run_id: str | None = None,
         version: str | None = None,
         priority: int = 0,
+        traceparent: str | None = None,
     ) -> SubmitResult:
         """Submit a run; ``run_id=None`` generates one (an empty string is refused).
 
+        The run's spans continue the caller's trace: ``traceparent`` (a W3C trace
+        context), else the OpenTelemetry span active here, if any (docs/operating.md,
+        Tracing).
+
         Bad arguments (an empty or malformed run id, a priority outside int32, input that
-        is not a JSON object or nests deeper than ``MAX_JSON_DEPTH``) raise
-        :class:`~runledger.errors.InvalidInput` before anything is sent."""
+        is not a JSON object or nests deeper than ``MAX_JSON_DEPTH``, a malformed
+        traceparent) raise :class:`~runledger.errors.InvalidInput` before anything is
+        sent."""
         name, ver = self.resolve_flow(flow, version)
         rid = f"run-{uuid.uuid4().hex}" if run_id is None else run_id
-        return self._run(self._store.submit_run(rid, name, ver, input, priority))
+        if traceparent is None:
+            traceparent = current_traceparent()  # read here: the call runs on another thread
+        return self._run(
+            self._store.submit_run(rid, name, ver, input, priority, traceparent=traceparent)
+        )
 
     def known_flows(self) -> set[str]:
         return self._run(self._store.known_flows())

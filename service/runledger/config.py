@@ -124,6 +124,18 @@ class Settings(ConnectionSettings):
         min_length=1,
         description="Address the --http-port server listens on.",
     )
+    otel: bool = Field(
+        default=False,
+        description="Export OpenTelemetry spans (a span per run, turn and call): an SDK "
+        "TracerProvider with the exporters of OTEL_TRACES_EXPORTER (default otlp), "
+        "service name OTEL_SERVICE_NAME. Needs the otel extra.",
+    )
+    otel_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Also append every span to this file as a JSON line when it ends "
+        "(implies --otel; alone when OTEL_TRACES_EXPORTER is not set).",
+    )
     log_json: bool = Field(default=False, description="JSON log lines on stderr.")
     log_level: LogLevel = Field(default="INFO", description="Log level.")
 

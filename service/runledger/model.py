@@ -23,6 +23,8 @@ RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 FLOW_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FLOW_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 CALL_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# a W3C traceparent, version 00 (runs.traceparent; neither id may be all zeros)
+TRACEPARENT_RE = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 # How deeply a JSON argument may nest; the database enforces the same limit
 # (``runledger.settings.max_json_depth``). A scalar is depth 0, ``{"a": 1}`` and ``[]``
@@ -132,6 +134,8 @@ class ClaimedRun:
     lease_id: LeaseId
     lease_expires_at: dt.datetime
     takeover: bool
+    # claim_runs_v4: the W3C trace context the run was submitted with (None: none)
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -218,6 +218,8 @@ def _lease(w: World) -> tuple[Any, ...]:
 
 
 SUBMIT = "SELECT * FROM runledger.submit_run(%s, %s, %s, %s, 0, NULL)"
+SUBMIT_V2 = "SELECT * FROM runledger.submit_run_v2(%s, %s, %s, %s, 0, NULL, %s)"
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CHECKPOINT = "SELECT runledger.checkpoint(%s, %s, %s, 0, %s)"
 RECORD_TURN = "SELECT runledger.record_turn(%s, %s, %s, 1, %s)"
 DISPATCH = "SELECT runledger.dispatch_call(%s, %s, %s, %s)"
@@ -355,6 +357,23 @@ def text_cases() -> list[Case]:
              lambda w: ("n1", "demo", "1" * 65, Jsonb({})), "RL006"),
         Case("submit_run version NULL", "worker", SUBMIT,
              lambda w: ("n1", "demo", None, Jsonb({})), "RL006"),
+        # submit_run_v2: the traceparent (revision 0017), and the checks before it
+        Case("submit_run_v2 traceparent malformed", "worker", SUBMIT_V2,
+             lambda w: ("n1", "demo", "1", Jsonb({}), "00-abc-def-01"), "RL006"),
+        Case("submit_run_v2 traceparent uppercase", "worker", SUBMIT_V2,
+             lambda w: ("n1", "demo", "1", Jsonb({}), TRACEPARENT.upper()), "RL006"),
+        Case("submit_run_v2 traceparent zero trace id", "worker", SUBMIT_V2,
+             lambda w: ("n1", "demo", "1", Jsonb({}), f"00-{'0' * 32}-{'1' * 16}-01"), "RL006"),
+        Case("submit_run_v2 traceparent 2 MiB", "worker", SUBMIT_V2,
+             lambda w: ("n1", "demo", "1", Jsonb({}), big), "RL006"),
+        Case("submit_run_v2 traceparent NUL", "worker",
+             f"SELECT * FROM runledger.submit_run_v2('n1', 'demo', '1', '{{}}', 0, NULL, {NUL})",
+             lambda w: (), "22021"),
+        Case("submit_run_v2 run id NULL", "worker", SUBMIT_V2,
+             lambda w: (None, "demo", "1", Jsonb({}), TRACEPARENT), "RL006"),
+        Case("submit_run_v2 input deep", "worker", SUBMIT_V2,
+             lambda w: ("n1", "demo", "1", Jsonb(nest_object(LIMIT + 1, "objects")), TRACEPARENT),
+             "RL006"),
         # flow references (arrays)
         Case("claim_runs flows 1001 elements", "worker", CLAIM,
              lambda w: ("w1", [FLOW_REF] * 1001), "RL006"),

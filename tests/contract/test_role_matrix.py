@@ -357,9 +357,11 @@ def test_prune_runs_is_the_way_for_the_roles_granted_it(world: World) -> None:
 WORKER_FUNCTIONS = {
     "now",
     "submit_run",
+    "submit_run_v2",
     "claim_runs",
     "claim_runs_v2",
     "claim_runs_v3",
+    "claim_runs_v4",
     "renew_leases",
     "checkpoint",
     "record_turn",
@@ -381,6 +383,7 @@ WORKER_FUNCTIONS = {
 OPERATOR_FUNCTIONS = {
     "now",
     "submit_run",
+    "submit_run_v2",
     "resolve_call",
     "approve_call",
     "deny_call",

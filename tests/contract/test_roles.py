@@ -162,9 +162,11 @@ def test_public_cannot_execute_any_function(admin_conn: Conn) -> None:
 
 CONTRACT_FUNCTIONS = [
     "submit_run",
+    "submit_run_v2",
     "claim_runs",
     "claim_runs_v2",
     "claim_runs_v3",
+    "claim_runs_v4",
     "renew_leases",
     "checkpoint",
     "record_turn",

@@ -48,6 +48,20 @@ CONTRACT: list[Fn] = [
         defaults=2,
     ),
     Fn(
+        "submit_run_v2",
+        [
+            ("p_run_id", "text"),
+            ("p_flow", "text"),
+            ("p_flow_version", "text"),
+            ("p_input", "jsonb"),
+            ("p_priority", "int"),
+            ("p_available_at", "timestamptz"),
+            ("p_traceparent", "text"),
+        ],
+        [("run_id", "text"), ("created", "boolean")],
+        defaults=3,
+    ),
+    Fn(
         "claim_runs",
         [
             ("p_worker_id", "text"),
@@ -115,6 +129,32 @@ CONTRACT: list[Fn] = [
             ("turns", "json"),
             ("calls", "json"),
             ("failover_turn", "integer"),
+        ],
+    ),
+    Fn(
+        "claim_runs_v4",
+        [
+            ("p_worker_id", "text"),
+            ("p_flows", "text[]"),
+            ("p_lease", "interval"),
+            ("p_max_runs", "int"),
+        ],
+        [
+            ("run_id", "text"),
+            ("flow", "text"),
+            ("flow_version", "text"),
+            ("input", "jsonb"),
+            ("state", "jsonb"),
+            ("state_version", "bigint"),
+            ("fencing_token", "bigint"),
+            ("lease_id", "uuid"),
+            ("lease_expires_at", "timestamptz"),
+            ("takeover", "boolean"),
+            ("stalled_claims", "integer"),
+            ("turns", "json"),
+            ("calls", "json"),
+            ("failover_turn", "integer"),
+            ("traceparent", "text"),
         ],
     ),
     Fn(

@@ -155,6 +155,8 @@ NON_DEFAULT = {
     "session_locks": "false",
     "http_port": "9464",
     "http_host": "127.0.0.1",
+    "otel": "true",
+    "otel_file": "/tmp/spans.jsonl",
     "log_json": "true",
     "log_level": "DEBUG",
 }

@@ -2,7 +2,8 @@
 
 - :meth:`FastPath.claim_runs_v2`: each claimed run comes with its stalled-claim count
   and its journal, so the worker reads nothing after a claim (``claim_runs_v3``, revision
-  0010: and the turn from which a failover makes its calls suspect);
+  0010: and the turn from which a failover makes its calls suspect; ``claim_runs_v4``,
+  revision 0017: and the run's trace context);
 - :meth:`FastPath.record_turn_v4`: a decision, the checkpoint of the turns before it and,
   for the final decision, the run's success, in one transaction; since revision 0009 also
   the dispatch of the decision's first calls (``record_turn_v3`` is it without them);
@@ -44,6 +45,7 @@ def claimed_run(r: Row) -> ClaimedRun:
         lease_id=LeaseId(r["lease_id"]),
         lease_expires_at=r["lease_expires_at"],
         takeover=r["takeover"],
+        traceparent=r.get("traceparent"),  # claim_runs_v4
     )
 
 
@@ -93,6 +95,31 @@ class FastPath(OperatorWrites):
             check_text("flow", f)
         rows = await self._read(
             "SELECT * FROM runledger.claim_runs_v3(%s, %s::text[], %s::interval, %s)",
+            (worker_id, list(flows), lease, max_runs),
+        )
+        return [
+            (
+                claimed_run(r),
+                ClaimedJournal(
+                    stalled_claims=int(r["stalled_claims"]),
+                    turns=r["turns"],
+                    calls=r["calls"],
+                    failover_turn=r["failover_turn"],
+                ),
+            )
+            for r in rows
+        ]
+
+    async def claim_runs_v4(
+        self, worker_id: str, flows: Sequence[str], lease: dt.timedelta, max_runs: int
+    ) -> list[tuple[ClaimedRun, ClaimedJournal]]:
+        """``claim_runs_v3``, and with each run the trace context it was submitted with
+        (``ClaimedRun.traceparent``, revision 0017): the worker's spans continue it."""
+        check_text("worker id", worker_id)
+        for f in flows:
+            check_text("flow", f)
+        rows = await self._read(
+            "SELECT * FROM runledger.claim_runs_v4(%s, %s::text[], %s::interval, %s)",
             (worker_id, list(flows), lease, max_runs),
         )
         return [

@@ -42,7 +42,7 @@ from runledger.db.results import (
     Finished,
     Released,
 )
-from runledger.db.validate import check_int32, check_text
+from runledger.db.validate import check_int32, check_text, check_traceparent
 from runledger.model import (
     ClaimedRun,
     FinishStatus,
@@ -123,9 +123,13 @@ class Store(FastPath):
         input: dict[str, Any],
         priority: int = 0,
         available_at: dt.datetime | None = None,
+        *,
+        traceparent: str | None = None,
     ) -> SubmitResult:
         """Safe to repeat: submitting the same run again is a no-op by contract. (After
-        a lost acknowledgement, ``created`` is the re-send's answer: false.)"""
+        a lost acknowledgement, ``created`` is the re-send's answer: false.) With
+        ``traceparent`` (a W3C trace context) the run's spans continue that trace
+        (``submit_run_v2``); a resubmission keeps the first one."""
         check_text("run id", run_id)
         if not run_id:
             raise errors.InvalidInput("run id must not be empty (pass None to generate one)")
@@ -133,10 +137,12 @@ class Store(FastPath):
         check_text("flow version", flow_version)
         prio = check_int32("priority", priority)  # a bigint would pick no overload
         payload = self._json("input", input, obj=True)
+        if traceparent is not None:
+            check_traceparent(traceparent)
         rows = await self._read(
-            "SELECT * FROM runledger.submit_run"
-            "(%s, %s, %s, %s::jsonb, %s::integer, %s::timestamptz)",
-            (run_id, flow, flow_version, payload, prio, available_at),
+            "SELECT * FROM runledger.submit_run_v2"
+            "(%s, %s, %s, %s::jsonb, %s::integer, %s::timestamptz, %s::text)",
+            (run_id, flow, flow_version, payload, prio, available_at, traceparent),
             fields={"run_id": run_id},
         )
         return SubmitResult(run_id=RunId(rows[0]["run_id"]), created=bool(rows[0]["created"]))

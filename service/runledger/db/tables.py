@@ -46,6 +46,8 @@ RUN_STATUSES: Final = ("queued", "running", "paused", "succeeded", "failed", "ca
 CALL_STATUSES: Final = ("planned", "dispatched", "succeeded", "failed", "unknown")
 APPROVALS: Final = ("pending", "approved", "denied")
 RUN_ID_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+# a W3C trace context header, version 00 (revision 0017)
+TRACEPARENT_PATTERN: Final = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
 
 
 def _tstz() -> DateTime:
@@ -97,6 +99,8 @@ runs: Final = Table(
     Column("finished_at", _tstz(), nullable=True),
     # 0011: the session lock of the holder's listener (claim_runs stamps it; NULL: none)
     Column("lease_lock", BigInteger, nullable=True),
+    # 0017: the submitter's W3C trace context (submit_run_v2); NULL: none
+    Column("traceparent", Text, nullable=True),
     PrimaryKeyConstraint("run_id"),
     CheckConstraint(f"run_id ~ '{RUN_ID_PATTERN}'", name="run_id"),
     CheckConstraint(_in("status", RUN_STATUSES), name="status"),
@@ -108,6 +112,7 @@ runs: Final = Table(
         "(status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL)",
         name="finished_at",
     ),
+    CheckConstraint(f"traceparent ~ '{TRACEPARENT_PATTERN}'", name="traceparent"),
 )
 Index(
     "ix_runs_claimable",
@@ -337,6 +342,7 @@ __all__ = [
     "RUN_ID_PATTERN",
     "RUN_STATUSES",
     "SCHEMA",
+    "TRACEPARENT_PATTERN",
     "event_chain_prunes",
     "event_checkpoint_heads",
     "event_checkpoints",

@@ -14,7 +14,7 @@ import operator
 from typing import Any
 
 from runledger.errors import InvalidInput
-from runledger.model import MAX_JSON_DEPTH
+from runledger.model import MAX_JSON_DEPTH, TRACEPARENT_RE
 
 
 def _encodable(what: str, value: str, where: str = "") -> None:
@@ -38,6 +38,23 @@ def check_text(
     _encodable(what, value)
     if max_chars is not None and not min_chars <= len(value) <= max_chars:
         raise InvalidInput(f"{what} must be {min_chars}-{max_chars} characters, got {len(value)}")
+
+
+def check_traceparent(value: object) -> None:
+    """A W3C ``traceparent`` as ``submit_run_v2`` stores it: version 00, lowercase hex,
+    neither the trace id nor the parent id all zeros."""
+    check_text("traceparent", value)
+    assert isinstance(value, str)
+    if (
+        TRACEPARENT_RE.fullmatch(value) is None
+        or value[3:35] == "0" * 32
+        or value[36:52] == "0" * 16
+    ):
+        raise InvalidInput(
+            f"invalid traceparent {value[:100]!r}",
+            hint="a W3C traceparent: 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, "
+            "lowercase, neither id all zeros",
+        )
 
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

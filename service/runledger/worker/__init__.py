@@ -14,6 +14,7 @@ from runledger.config import Settings
 from runledger.flows import Flow
 from runledger.worker.executor import Limits
 from runledger.worker.process import Worker, WorkerFailed, conflict_message, is_worker_conflict
+from runledger.worker.tracing import log_fields
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class _JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         out.update({k: v for k, v in record.__dict__.items() if k not in self._skip})
+        out.update(log_fields())  # trace_id, span_id: where a span is recording
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)

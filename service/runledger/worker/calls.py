@@ -20,7 +20,7 @@ from typing import Any
 from runledger import errors
 from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke, using_tool_context
 from runledger.model import Approval, Call, CallStatus, Outcome
-from runledger.worker import recovery
+from runledger.worker import recovery, tracing
 from runledger.worker.crash import CrashPoints
 from runledger.worker.recovery import Known, LookedUp, Window
 from runledger.worker.runs import (
@@ -80,6 +80,7 @@ class Calls:
         self.limits = limits
         self.crash = crash
 
+    @tracing.call_span
     async def settle(
         self,
         active: ActiveRun,

@@ -45,7 +45,7 @@ from runledger.flows import (
     invoke,
 )
 from runledger.model import Approval, Call, FinishStatus, Turn
-from runledger.worker import poison
+from runledger.worker import poison, tracing
 from runledger.worker.calls import Calls, Settled, check_boundary, check_deadline
 from runledger.worker.crash import CrashPoints
 from runledger.worker.giving_up import GivingUp
@@ -101,7 +101,7 @@ class Executor:
             "fencing_token": claim.fencing_token,
         }
         try:
-            async with self.store.pinned():  # one connection for the run's writes
+            async with self.store.pinned(), tracing.run(active, self.worker_id):  # writes, spans
                 await self._drive(active)
         except errors.LeaseLost as exc:
             log.warning("write refused: lease lost, dropping run", extra=fields)
@@ -220,6 +220,7 @@ class Executor:
                     return
                 pending = [x for x in calls if x.turn == last and not x.status.terminal]
                 if pending:
+                    tracing.turn(active, last, resumed=True)
                     carried, fused = fused, {}
                     if not await self._settle_turn(active, flow, pending, carried):
                         return  # paused or failed
@@ -230,6 +231,7 @@ class Executor:
                     completed = last + 1
             next_turn = len(turns)
             check_boundary(active)
+            tracing.turn(active, next_turn)
             try:
                 decision = await self._decide(active, flow, next_turn, turns, calls)
             except InvalidDecision as exc:
@@ -284,6 +286,7 @@ class Executor:
             active.checkpoint_due = None
             self.crash.hit("after_record_turn", str(next_turn))
             journal.recorded(next_turn, payload, decision.record, decision.output)
+            tracing.decided(active, len(payload))
             for call_id, attempt in zip(first, attempts, strict=True):
                 key = f"{c.run_id}:{next_turn}:{call_id}"
                 planned = journal.call(key)

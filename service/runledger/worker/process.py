@@ -360,7 +360,7 @@ class Worker(Listening):
                 generation = self._generation
                 try:
                     # each run with its journal: nothing more is read after the claim
-                    runs = await self.store.claim_runs_v3(
+                    runs = await self.store.claim_runs_v4(
                         self.worker_id, sorted(self.flows), self.lease, free
                     )
                     self.metrics.claim_took(time.monotonic() - sent)

@@ -71,6 +71,8 @@ class ActiveRun:
     failover_turn: int | None = None
     # when each call in flight was dispatched (monotonic), for runledger_call_seconds
     sent_at: dict[str, float] = field(default_factory=dict, repr=False)
+    # the spans of this holder's work (runledger.worker.tracing.RunTrace); None: no tracing
+    trace: Any = field(default=None, repr=False)
 
     @property
     def run_id(self) -> str:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from runledger import errors
 from runledger.db.store import Store
 from runledger.model import Call, FinishStatus, Outcome
+from runledger.worker import tracing
 from runledger.worker.metrics import Metrics
 from runledger.worker.runs import ActiveRun
 
@@ -185,6 +186,7 @@ class Writes:
         """Log the end of the run (written by ``finish_run`` or with the final decision)."""
         c = active.claim
         self.metrics.finished(c, str(status))
+        tracing.finished(active, status, reason)
         log.info(
             "run finished",
             extra={

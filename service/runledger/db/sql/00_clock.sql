@@ -19,9 +19,9 @@
 --                    _event_hash and _checkpoint_digest (the event chains, 0016);
 --                    _notify_queued; locks (_lock_run, _lock_leased_run, _lock_call);
 --                    timelines (_timeline, _token_floor)
---   03_leases.sql    submit_run, _note_timeline (failover detection), _gone_sessions
---                    (session locks), claim_runs, claim_runs_v2, claim_runs_v3,
---                    renew_leases, release_lease (3 and 5 arguments); worker registry:
+--   03_leases.sql    submit_run, submit_run_v2, _note_timeline (failover detection),
+--                    _gone_sessions (session locks), claim_runs, claim_runs_v2,
+--                    claim_runs_v3, claim_runs_v4, renew_leases, release_lease (3 and 5 arguments); worker registry:
 --                    register_worker, register_worker_v2, heartbeat_listener,
 --                    heartbeat_worker, report_stale_write; the timeline the schema is
 --                    installed on

@@ -28,6 +28,9 @@ CREATE TABLE runledger.runs (
     -- claimer's workers.session_lock; NULL: none, the lease is taken over on expiry only).
     -- Meaningful while the run is running.
     lease_lock bigint,
+    -- revision 0017: the submitter's W3C trace context (submit_run_v2), which every
+    -- worker that drives the run continues; NULL: submitted without one
+    traceparent text,
     CONSTRAINT pk_runs PRIMARY KEY (run_id),
     CONSTRAINT ck_runs_run_id CHECK (run_id ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$'),
     CONSTRAINT ck_runs_status CHECK (
@@ -39,7 +42,9 @@ CREATE TABLE runledger.runs (
     CONSTRAINT ck_runs_running_has_lease CHECK (
         (status = 'running') = (lease_id IS NOT NULL)),
     CONSTRAINT ck_runs_finished_at CHECK (
-        (status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL))
+        (status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
+    CONSTRAINT ck_runs_traceparent CHECK (
+        traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$')
 )
 -- room in each page for the updated row versions (revision 0009): most writes of a run
 -- leave its indexed columns alone and then stay heap-only (HOT) updates

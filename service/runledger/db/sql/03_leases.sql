@@ -2,9 +2,16 @@
 -- Leases: submit, claim, renew, release; the worker registry
 -- ---------------------------------------------------------------------------------
 
-CREATE FUNCTION runledger.submit_run(p_run_id text, p_flow text, p_flow_version text,
-                                     p_input jsonb, p_priority int DEFAULT 0,
-                                     p_available_at timestamptz DEFAULT NULL)
+-- submit_run_v2 (revision 0017): submit_run, and the W3C trace context of the submitter
+-- (p_traceparent, 'version-trace_id-parent_id-flags', version 00, lowercase hex; NULL:
+-- none), stored on the run: every worker that drives the run continues that trace
+-- (docs/operating.md, Tracing). A malformed one is refused (RL006) before anything is
+-- written. A resubmission with another traceparent is still a no-op: the trace context
+-- is not part of what identifies the run, and the first one stays.
+CREATE FUNCTION runledger.submit_run_v2(p_run_id text, p_flow text, p_flow_version text,
+                                        p_input jsonb, p_priority int DEFAULT 0,
+                                        p_available_at timestamptz DEFAULT NULL,
+                                        p_traceparent text DEFAULT NULL)
 RETURNS TABLE (run_id text, created boolean)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
@@ -21,11 +28,21 @@ BEGIN
     IF p_priority IS NULL THEN
         PERFORM runledger._raise('RL006', 'priority must not be null', NULL, NULL);
     END IF;
+    IF p_traceparent IS NOT NULL
+       AND (p_traceparent !~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+            OR substr(p_traceparent, 4, 32) = repeat('0', 32)
+            OR substr(p_traceparent, 37, 16) = repeat('0', 16)) THEN
+        PERFORM runledger._raise('RL006',
+            format('invalid traceparent %s', quote_literal(left(p_traceparent, 100))),
+            'a W3C traceparent: 00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>, '
+            'lowercase, neither id all zeros',
+            'pass NULL when the submitter has no trace context');
+    END IF;
 
     INSERT INTO runledger.runs AS r (run_id, flow, flow_version, status, input, priority,
-                                     available_at, created_at, updated_at)
+                                     available_at, created_at, updated_at, traceparent)
     VALUES (p_run_id, p_flow, p_flow_version, 'queued', p_input, p_priority,
-            coalesce(p_available_at, v_now), v_now, v_now)
+            coalesce(p_available_at, v_now), v_now, v_now, p_traceparent)
     ON CONFLICT ON CONSTRAINT pk_runs DO NOTHING
     RETURNING r.run_id INTO v_inserted;
 
@@ -50,6 +67,19 @@ BEGIN
     END IF;
     RETURN QUERY SELECT p_run_id, false;
 END
+$$;
+
+-- submit_run: submit_run_v2 without a trace context (revision 0017: a wrapper of it).
+CREATE FUNCTION runledger.submit_run(p_run_id text, p_flow text, p_flow_version text,
+                                     p_input jsonb, p_priority int DEFAULT 0,
+                                     p_available_at timestamptz DEFAULT NULL)
+RETURNS TABLE (run_id text, created boolean)
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+    SELECT s.run_id, s.created
+    FROM runledger.submit_run_v2(p_run_id, p_flow, p_flow_version, p_input, p_priority,
+                                 p_available_at, NULL) s
 $$;
 
 -- Revision 0010 (failover). The current timeline, recorded: when the server is on another
@@ -444,6 +474,55 @@ BEGIN
                    FROM runledger.run_calls c WHERE c.run_id = r.run_id) END,
                (SELECT min(f.turn) FROM runledger.failover_runs f WHERE f.run_id = r.run_id)
         INTO stalled_claims, turns, calls, failover_turn
+        FROM runledger.runs r WHERE r.run_id = v_claim.run_id;
+        run_id := v_claim.run_id;
+        flow := v_claim.flow;
+        flow_version := v_claim.flow_version;
+        input := v_claim.input;
+        state := v_claim.state;
+        state_version := v_claim.state_version;
+        fencing_token := v_claim.fencing_token;
+        lease_id := v_claim.lease_id;
+        lease_expires_at := v_claim.lease_expires_at;
+        takeover := v_claim.takeover;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- claim_runs_v4 (revision 0017): claim_runs_v3, and with each run its traceparent (the
+-- submitter's W3C trace context, NULL when it was submitted without one): the worker
+-- continues the run's trace with no read after the claim. claim_runs_v3's body with one
+-- more column in its per-run read. claim_runs_v3 stays for workers of the previous release.
+CREATE FUNCTION runledger.claim_runs_v4(p_worker_id text, p_flows text[], p_lease interval,
+                                        p_max_runs int)
+RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
+               state_version bigint, fencing_token bigint, lease_id uuid,
+               lease_expires_at timestamptz, takeover boolean, stalled_claims integer,
+               turns json, calls json, failover_turn integer, traceparent text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_claim record;
+BEGIN
+    -- each statement of the loop sees what claim_runs wrote (a later command)
+    FOR v_claim IN SELECT * FROM runledger.claim_runs(p_worker_id, p_flows, p_lease, p_max_runs)
+    LOOP
+        SELECT r.stalled_claims,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls,
+                                                              'record', t.record,
+                                                              'output', t.output)
+                                            ORDER BY t.turn), '[]'::json)
+                   FROM runledger.run_turns t WHERE t.run_id = r.run_id) END,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json)
+                   FROM runledger.run_calls c WHERE c.run_id = r.run_id) END,
+               (SELECT min(f.turn) FROM runledger.failover_runs f WHERE f.run_id = r.run_id),
+               r.traceparent
+        INTO stalled_claims, turns, calls, failover_turn, traceparent
         FROM runledger.runs r WHERE r.run_id = v_claim.run_id;
         run_id := v_claim.run_id;
         flow := v_claim.flow;

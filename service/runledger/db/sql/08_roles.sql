@@ -46,9 +46,11 @@ BEGIN
         GRANT EXECUTE ON FUNCTION
             runledger.now(),
             runledger.submit_run(text, text, text, jsonb, int, timestamptz),
+            runledger.submit_run_v2(text, text, text, jsonb, int, timestamptz, text),
             runledger.claim_runs(text, text[], interval, int),
             runledger.claim_runs_v2(text, text[], interval, int),
             runledger.claim_runs_v3(text, text[], interval, int),
+            runledger.claim_runs_v4(text, text[], interval, int),
             runledger.renew_leases(text, text[], uuid[], interval),
             runledger.checkpoint(text, uuid, bigint, bigint, jsonb),
             runledger.record_turn(text, uuid, bigint, int, jsonb),
@@ -87,6 +89,7 @@ BEGIN
         GRANT EXECUTE ON FUNCTION
             runledger.now(),
             runledger.submit_run(text, text, text, jsonb, int, timestamptz),
+            runledger.submit_run_v2(text, text, text, jsonb, int, timestamptz, text),
             runledger.resolve_call(text, text, jsonb, text, text),
             runledger.approve_call(text, text, text),
             runledger.deny_call(text, text, text),
