@@ -8,14 +8,18 @@ each ``submitted`` event is chained by ``runledger._event``). Each run then gets
 ``--events - 1`` more events, written as the owner one event per run per statement,
 each hashed from the run's previous one with ``runledger._event_hash``: the chains are
 the same as the workers would write, without running a million runs through workers.
+A checkpoint covers at most 500,000 events: they are made until every event is
+covered, while another session submits runs (its wait is the cost to writers).
 Prints a markdown table; progress on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,11 +78,56 @@ def main() -> None:
         loaded = _timed(f"load {args.runs:,} runs x {args.events} events", load)
         rows.append(("load (submit_run + hashed events)", f"{loaded:.1f} s"))
         (events,) = c.execute("SELECT count(*) FROM runledger.run_events").fetchone() or (0,)
-        made = _timed(
-            "checkpoint over every run",
-            lambda: c.execute("SELECT * FROM runledger.checkpoint_events('bench', '0')"),
+        # checkpoints until every event is covered (at most 500,000 events each), while
+        # another session submits runs: how long a writer waits meanwhile
+        stop = threading.Event()
+        waits: list[float] = []
+
+        def writer() -> None:
+            with psycopg.connect(db.url, autocommit=True) as w:
+                n = 0
+                while not stop.is_set():
+                    n += 1
+                    t0 = time.perf_counter()
+                    w.execute(
+                        "SELECT * FROM runledger.submit_run(%s, 'demo', '1', '{}')", (f"w{n}",)
+                    )
+                    waits.append(time.perf_counter() - t0)
+
+        (last,) = c.execute("SELECT max(event_id) FROM runledger.run_events").fetchone() or (0,)
+        checkpoints = 0
+
+        def catch_up() -> None:
+            nonlocal checkpoints
+            while True:
+                row = c.execute(
+                    "SELECT through_event_id, created FROM runledger.checkpoint_events("
+                    "'bench', '0')"
+                ).fetchone()
+                assert row is not None
+                checkpoints += row[1]
+                if row[0] >= last:
+                    return
+
+        probe = threading.Thread(target=writer)
+        probe.start()
+        try:
+            made = _timed("checkpoints over every run", catch_up)
+        finally:
+            stop.set()
+            probe.join()
+        rows.append(
+            (
+                f"checkpoint_events over {args.runs:,} runs ({checkpoints} checkpoints)",
+                f"{made:.1f} s",
+            )
         )
-        rows.append((f"checkpoint_events ({args.runs:,} heads)", f"{made:.1f} s"))
+        rows.append(
+            (
+                f"a concurrent submit_run meanwhile ({len(waits):,}): median / max",
+                f"{statistics.median(waits) * 1000:.1f} / {max(waits) * 1000:.0f} ms",
+            )
+        )
         again = _timed(
             "checkpoint with nothing new",
             lambda: c.execute("SELECT * FROM runledger.checkpoint_events('bench', '0')"),
