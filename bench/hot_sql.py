@@ -40,6 +40,10 @@ TURNS = 3
 CALLS = 3
 FLOW = "bench-agent"
 SEQUENCE = "fast"
+ALEMBIC_TABLE = (
+    "CREATE SCHEMA IF NOT EXISTS runledger; CREATE TABLE IF NOT EXISTS "
+    "runledger.alembic_version (version_num varchar(32) NOT NULL PRIMARY KEY)"
+)
 
 
 def living_sql_of(ref: str | None) -> str:
@@ -275,6 +279,8 @@ def main() -> None:
         for name, text in schemas.items():
             urls[name] = cl.create(f"hot_{name}")
             with psycopg.connect(urls[name], autocommit=True) as conn:
+                # the roles file grants on alembic's table (0013): alembic makes it first
+                conn.execute(ALEMBIC_TABLE)
                 conn.execute(text)
         names = list(schemas)
         with cl.admin() as admin:
