@@ -37,7 +37,11 @@ T = TypeVar("T")
 class _Queued:
     """One call's checked result, waiting for its run's writer."""
 
-    completion: tuple[Any, Outcome, Any, Any]  # key, outcome, result and receipt as JSON
+    call: Call
+    outcome: Outcome
+    result: Any
+    receipt: dict[str, Any] | None
+    checked: tuple[Any, Outcome, Any, Any]  # key, outcome, result and receipt as JSON
     done: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -186,7 +190,11 @@ class Writes:
         commit. A result that fails the store's checks is refused for its call alone."""
         lease = (active.run_id, active.claim.fencing_token)
         queued = _Queued(
-            completion=self.store.completion(call.idempotency_key, outcome, result, receipt)
+            call=call,
+            outcome=outcome,
+            result=result,
+            receipt=receipt,
+            checked=self.store.completion(call.idempotency_key, outcome, result, receipt),
         )
         self._queued.setdefault(lease, []).append(queued)
         writer = self._writers.get(lease)
@@ -209,15 +217,21 @@ class Writes:
         try:
             while batch := self._queued.pop(lease, None):
                 active.operation = "complete_call"
-                completions = [q.completion for q in batch]
                 try:
-                    if len(completions) == 1:
-                        await self.store.complete_checked(
-                            c.run_id, c.lease_id, c.fencing_token, completions[0]
+                    if len(batch) == 1:  # alone: complete_call, as without group commit
+                        q = batch[0]
+                        await self.store.complete_call(
+                            c.run_id,
+                            c.lease_id,
+                            c.fencing_token,
+                            q.call.idempotency_key,
+                            q.outcome,
+                            q.result,
+                            q.receipt,
                         )
                     else:
                         await self.store.complete_calls(
-                            c.run_id, c.lease_id, c.fencing_token, completions
+                            c.run_id, c.lease_id, c.fencing_token, [q.checked for q in batch]
                         )
                 except Exception as exc:
                     for q in batch:
