@@ -40,10 +40,6 @@ TURNS = 3
 CALLS = 3
 FLOW = "bench-agent"
 SEQUENCE = "fast"
-ALEMBIC_TABLE = (
-    "CREATE SCHEMA IF NOT EXISTS runledger; CREATE TABLE IF NOT EXISTS "
-    "runledger.alembic_version (version_num varchar(32) NOT NULL PRIMARY KEY)"
-)
 
 
 def living_sql_of(ref: str | None) -> str:
@@ -342,8 +338,11 @@ def main() -> None:
         for name, text in schemas.items():
             urls[name] = cl.create(f"hot_{name}")
             with psycopg.connect(urls[name], autocommit=True) as conn:
-                # the roles file grants on alembic's table (0013): alembic makes it first
-                conn.execute(ALEMBIC_TABLE)
+                # the roles' grants name Alembic's table (revision 0013): as migrate makes it
+                conn.execute(
+                    "CREATE SCHEMA runledger; CREATE TABLE runledger.alembic_version"
+                    " (version_num varchar(32) PRIMARY KEY)"
+                )
                 conn.execute(text)
         names = list(schemas)
         with cl.admin() as admin:
