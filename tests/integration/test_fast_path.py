@@ -286,3 +286,31 @@ async def test_results_that_arrive_during_a_commit_go_in_the_next_one(
         ("c1", "succeeded", 1),
         ("c2", "succeeded", 2),
     ]
+
+
+async def test_a_group_larger_than_a_batch_commits_in_batches(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """complete_calls takes at most 100 calls: 150 results ready together are two or
+    more commits, none over 100, and the run goes on with the one lease."""
+    flow = Flow("fast-big", "1", parallel_calls=True)
+
+    @flow.tool(safety="idempotent")
+    async def fetch(ctx: Any, i: int) -> int:
+        return i
+
+    @flow.policy
+    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return [] if ctx.turn else [ToolCall("fetch", {"i": i}) for i in range(150)]
+
+    await start_worker(flow)
+    await db.submit("big-1", flow)
+    run = await db.wait_status("big-1", "succeeded", "failed", "paused")
+    assert run["status"] == "succeeded", run
+    events = await db.events("big-1")
+    assert [e["kind"] for e in events].count("claimed") == 1
+    results = [t for t in await _transactions(db, "big-1") if "call_succeeded" in t]
+    assert sum(len(t) for t in results) == 150
+    assert max(len(t) for t in results) == 100  # the first 100 that were ready, together
+    calls = await db.calls("big-1")
+    assert sorted(c["result"] for c in calls) == list(range(150))

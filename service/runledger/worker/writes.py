@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+BATCH_MAX = 100  # complete_calls takes 1 to 100 calls
+
 
 @dataclass(slots=True)
 class _Queued:
@@ -210,12 +212,25 @@ class Writes:
                 self.track(active, writer)
             raise
 
+    def _next_batch(self, lease: tuple[str, int]) -> list[_Queued]:
+        """The oldest queued results of this lease, at most :data:`BATCH_MAX`."""
+        queued = self._queued.get(lease)
+        if not queued:
+            self._queued.pop(lease, None)
+            return []
+        batch, rest = queued[:BATCH_MAX], queued[BATCH_MAX:]
+        if rest:
+            self._queued[lease] = rest
+        else:
+            del self._queued[lease]
+        return batch
+
     async def _writer(self, active: ActiveRun) -> None:
         """Commit the run's queued results, batch after batch, until none are left."""
         c = active.claim
         lease = (c.run_id, c.fencing_token)
         try:
-            while batch := self._queued.pop(lease, None):
+            while batch := self._next_batch(lease):
                 active.operation = "complete_call"
                 try:
                     if len(batch) == 1:  # alone: complete_call, as without group commit
