@@ -84,9 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--dbos-poll-seconds", type=float, default=0.01, help="DBOS queue polling interval (0.01)"
     )
+    ap.add_argument(
+        "--rl-parallel",
+        action="store_true",
+        help="runledger's flow with parallel_calls: each turn's 3 calls are one group",
+    )
     ap.add_argument("--sample-seconds", type=float, default=0.1, help="progress/CPU sampling")
     ap.add_argument("--pg-bin", type=Path, default=DEFAULT_BIN, help=f"default {DEFAULT_BIN}")
     args = ap.parse_args(argv)
+    if args.rl_parallel:
+        os.environ["PEERS_RL_PARALLEL"] = "1"  # read by peers.rl_flow in the workers
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     for n in names:
         if n not in SYSTEMS:

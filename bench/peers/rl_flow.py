@@ -1,8 +1,11 @@
 """The runledger flow of the peer benchmark: 3 turns x 3 no-op async tools, then an
-empty decision. Workers load it with ``--flows peers.rl_flow:flow``."""
+empty decision. Workers load it with ``--flows peers.rl_flow:flow``. With
+``PEERS_RL_PARALLEL=1`` in the environment (``peers.py --rl-parallel``) each turn's
+calls run in parallel, as one group."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from runledger.flows import Flow, HistoryTurn, PolicyContext, ToolCall, ToolContext
@@ -10,7 +13,7 @@ from runledger.flows import Flow, HistoryTurn, PolicyContext, ToolCall, ToolCont
 TURNS = 3
 CALLS_PER_TURN = 3
 
-flow = Flow("peers-agent", version="1")
+flow = Flow("peers-agent", version="1", parallel_calls=os.environ.get("PEERS_RL_PARALLEL") == "1")
 
 
 @flow.tool(safety="idempotent")

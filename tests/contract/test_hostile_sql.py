@@ -224,6 +224,10 @@ CHECKPOINT = "SELECT runledger.checkpoint(%s, %s, %s, 0, %s)"
 RECORD_TURN = "SELECT runledger.record_turn(%s, %s, %s, 1, %s)"
 DISPATCH = "SELECT runledger.dispatch_call(%s, %s, %s, %s)"
 COMPLETE = "SELECT runledger.complete_call(%s, %s, %s, %s, %s, %s, %s)"
+COMPLETE_CALLS = (  # one call: each array of one element
+    "SELECT runledger.complete_calls(%s, %s, %s, ARRAY[%s]::text[], ARRAY[%s]::text[],"
+    " ARRAY[%s::jsonb], ARRAY[%s::jsonb])"
+)
 FINISH = "SELECT runledger.finish_run(%s, %s, %s, %s, %s, %s)"
 RELEASE5 = "SELECT runledger.release_lease(%s, %s, %s, %s, %s)"
 RESOLVE = "SELECT runledger.resolve_call(%s, %s, %s, %s, %s)"
@@ -257,6 +261,10 @@ def json_cases() -> list[Case]:
                  lambda w, v=deep_any: (*_lease(w), w.key, "succeeded", v, None), "RL006"),
             Case(f"complete_call receipt {shape}", "worker", COMPLETE,
                  lambda w, v=deep_obj: (*_lease(w), w.key, "succeeded", None, v), "RL006"),
+            Case(f"complete_calls result {shape}", "worker", COMPLETE_CALLS,
+                 lambda w, v=deep_any: (*_lease(w), w.key, "succeeded", v, None), "RL006"),
+            Case(f"complete_calls receipt {shape}", "worker", COMPLETE_CALLS,
+                 lambda w, v=deep_obj: (*_lease(w), w.key, "succeeded", None, v), "RL006"),
             Case(f"finish_run result {shape}", "worker", FINISH,
                  lambda w, v=deep_any: (*_lease(w), "paused", v, None), "RL006"),
             Case(f"release_lease error {shape}", "worker", RELEASE5,
@@ -281,6 +289,10 @@ def json_cases() -> list[Case]:
              lambda w: (*_lease(w), w.key), "RL006"),
         Case("2000 levels: complete_call receipt", "worker",
              f"SELECT runledger.complete_call(%s, %s, %s, %s, 'succeeded', NULL, {r})",
+             lambda w: (*_lease(w), w.key), "RL006"),
+        Case("2000 levels: complete_calls result", "worker",
+             "SELECT runledger.complete_calls(%s, %s, %s, ARRAY[%s], ARRAY['failed'],"
+             f" ARRAY[{r}], ARRAY[NULL::jsonb])",
              lambda w: (*_lease(w), w.key), "RL006"),
         Case("2000 levels: finish_run result", "worker",
              f"SELECT runledger.finish_run(%s, %s, %s, 'paused', {r}, NULL)", _lease, "RL006"),
@@ -408,6 +420,12 @@ def text_cases() -> list[Case]:
         Case("complete_call key 2 MiB", "worker", COMPLETE,
              lambda w: (*_lease(w), big, "succeeded", None, None), "RL006"),
         Case("complete_call outcome 2 MiB", "worker", COMPLETE,
+             lambda w: (*_lease(w), k, big, None, None), "RL006"),
+        Case("complete_calls key empty", "worker", COMPLETE_CALLS,
+             lambda w: (*_lease(w), "", "succeeded", None, None), "RL006"),
+        Case("complete_calls key 2 MiB", "worker", COMPLETE_CALLS,
+             lambda w: (*_lease(w), big, "succeeded", None, None), "RL006"),
+        Case("complete_calls outcome 2 MiB", "worker", COMPLETE_CALLS,
              lambda w: (*_lease(w), k, big, None, None), "RL006"),
         Case("resolve_call key 301 chars", "operator", RESOLVE,
              lambda w: ("x" * 301, "applied", None, "alice", None), "RL006"),

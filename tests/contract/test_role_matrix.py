@@ -371,6 +371,7 @@ WORKER_FUNCTIONS = {
     "dispatch_call",
     "complete_call",
     "complete_call_v2",
+    "complete_calls",
     "finish_run",
     "release_lease",
     "report_stale_write",

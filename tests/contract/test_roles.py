@@ -175,6 +175,7 @@ CONTRACT_FUNCTIONS = [
     "dispatch_call",
     "complete_call",
     "complete_call_v2",
+    "complete_calls",
     "finish_run",
     "release_lease",
     "report_stale_write",

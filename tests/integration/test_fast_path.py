@@ -4,6 +4,7 @@ keeps in memory is the one the database holds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -134,9 +135,8 @@ async def test_a_parallel_group_is_dispatched_with_its_decision(
     txs = await _transactions(db, "par-1")
     assert txs[2] == ["turn_recorded", *["call_dispatched"] * 3]
     assert txs[3:] == [
-        ["call_succeeded"],
-        ["call_succeeded"],
-        ["call_succeeded"],
+        # the group's results, ready together, are one commit (complete_calls, 0018)
+        ["call_succeeded"] * 3,
         ["call_dispatched"],  # a group's results carry no dispatch: the next runs alone
         ["call_succeeded"],
         ["checkpoint", "turn_recorded", "call_dispatched"],  # a call alone goes alone
@@ -235,3 +235,82 @@ async def test_a_draining_worker_completes_the_call_alone_and_sends_no_next(
         ["call_succeeded"],
         ["lease_released"],
     ]
+
+
+async def test_results_that_arrive_during_a_commit_go_in_the_next_one(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """Group commit waits for nothing: c0's result is committed alone at once; c1 and
+    c2 return while that commit is in flight, and their results are the next commit."""
+    flow = Flow("fast-gc", "1", parallel_calls=True)
+    first_in_flight = asyncio.Event()
+
+    @flow.tool(safety="idempotent")
+    async def fetch(ctx: Any, i: int) -> int:
+        if i:
+            await first_in_flight.wait()
+        return i
+
+    @flow.policy
+    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return [] if ctx.turn else [ToolCall("fetch", {"i": i}) for i in range(3)]
+
+    worker = await start_worker(flow)
+    store = worker.worker.store
+    assert store is not None
+    real = store.complete_call
+    sent: list[str] = []
+
+    async def held(run_id: str, lease_id: Any, token: int, key: str, *rest: Any) -> None:
+        sent.append(key)
+        first_in_flight.set()  # c1 and c2 return now: their results queue behind this one
+        queued = worker.worker.executor.writes._queued
+        await eventually(lambda: len(queued.get((run_id, token), [])) == 2, what="c1 and c2 queued")
+        await real(run_id, lease_id, token, key, *rest)
+
+    store.complete_call = held  # type: ignore[method-assign]
+    await db.submit("gc-1", flow)
+    run = await db.wait_status("gc-1", "succeeded", "failed", "paused")
+    assert run["status"] == "succeeded"
+    assert sent == ["gc-1:0:c0"]  # the one result that went alone
+    txs = await _transactions(db, "gc-1")
+    assert txs[2:] == [
+        ["turn_recorded", *["call_dispatched"] * 3],
+        ["call_succeeded"],  # c0, at once
+        ["call_succeeded", "call_succeeded"],  # c1 and c2: the next commit
+        ["checkpoint", "turn_recorded", "run_succeeded"],
+    ]
+    calls = await db.calls("gc-1")
+    assert [(c["call_id"], c["status"], c["result"]) for c in calls] == [
+        ("c0", "succeeded", 0),
+        ("c1", "succeeded", 1),
+        ("c2", "succeeded", 2),
+    ]
+
+
+async def test_a_group_larger_than_a_batch_commits_in_batches(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """complete_calls takes at most 100 calls: 150 results ready together are two or
+    more commits, none over 100, and the run goes on with the one lease."""
+    flow = Flow("fast-big", "1", parallel_calls=True)
+
+    @flow.tool(safety="idempotent")
+    async def fetch(ctx: Any, i: int) -> int:
+        return i
+
+    @flow.policy
+    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return [] if ctx.turn else [ToolCall("fetch", {"i": i}) for i in range(150)]
+
+    await start_worker(flow)
+    await db.submit("big-1", flow)
+    run = await db.wait_status("big-1", "succeeded", "failed", "paused")
+    assert run["status"] == "succeeded", run
+    events = await db.events("big-1")
+    assert [e["kind"] for e in events].count("claimed") == 1
+    results = [t for t in await _transactions(db, "big-1") if "call_succeeded" in t]
+    assert sum(len(t) for t in results) == 150
+    assert max(len(t) for t in results) == 100  # the first 100 that were ready, together
+    calls = await db.calls("big-1")
+    assert sorted(c["result"] for c in calls) == list(range(150))

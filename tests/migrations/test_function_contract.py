@@ -275,6 +275,21 @@ CONTRACT: list[Fn] = [
         defaults=1,
     ),
     Fn(
+        "complete_calls",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_keys", "text[]"),
+            ("p_outcomes", "text[]"),
+            ("p_results", "jsonb[]"),
+            ("p_receipts", "jsonb[]"),
+            ("p_next_key", "text"),
+        ],
+        "int",
+        defaults=1,
+    ),
+    Fn(
         "finish_run",
         [
             ("p_run_id", "text"),

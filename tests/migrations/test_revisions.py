@@ -20,7 +20,7 @@ from runledger.cli import main
 from runledger.db import migrate, schema
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
-HEAD = "0017"
+HEAD = "0018"
 
 
 def _script() -> ScriptDirectory:

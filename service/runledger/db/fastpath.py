@@ -8,7 +8,9 @@
   for the final decision, the run's success, in one transaction; since revision 0009 also
   the dispatch of the decision's first calls (``record_turn_v3`` is it without them);
 - :meth:`FastPath.complete_call_v2`: a call's result and the next call's dispatch, in one
-  transaction.
+  transaction;
+- :meth:`FastPath.complete_calls`: the results of several calls of one run (a parallel
+  group's that are ready together), in one transaction (revision 0018).
 
 Each is a write that must not be applied twice; its read-back after an ambiguous commit
 is in :mod:`runledger.db.landed`. The protocol's order is the one of the separate writes:
@@ -25,7 +27,7 @@ from typing import Any
 
 from runledger.db.execution import word
 from runledger.db.operator import OperatorWrites
-from runledger.db.results import Advanced, Recorded
+from runledger.db.results import Advanced, Batched, Recorded
 from runledger.db.rows import ClaimedJournal, Row
 from runledger.db.validate import check_text
 from runledger.model import ClaimedRun, FencingToken, IdempotencyKey, LeaseId, Outcome, RunId
@@ -263,3 +265,44 @@ class FastPath(OperatorWrites):
             fields={"run_id": run_id, "fencing_token": fencing_token},
         )
         return done.attempt
+
+    def completion(
+        self, idempotency_key: str, outcome: Outcome | str, result: Any, receipt: Any
+    ) -> tuple[IdempotencyKey, Outcome, Any, Any]:
+        """The checked arguments of one completion of :meth:`complete_calls`
+        (:class:`~runledger.errors.InvalidInput` for that call alone)."""
+        return self._completion(idempotency_key, outcome, result, receipt)
+
+    async def complete_calls(
+        self,
+        run_id: str,
+        lease_id: uuid.UUID,
+        fencing_token: int,
+        completions: Sequence[tuple[IdempotencyKey, Outcome, Any, Any]],
+    ) -> Batched:
+        """Complete several calls of one run in one transaction (``complete_calls``): each
+        a ``(key, outcome, result JSON, receipt JSON)`` of :meth:`completion`. A refusal
+        of any of them writes none."""
+        if not completions:
+            raise ValueError("complete_calls needs at least one completion")
+        keys = [c[0] for c in completions]
+        outcomes = [c[1] for c in completions]
+        done = await self._write(
+            "SELECT runledger.complete_calls(%s, %s, %s, %s::text[], %s::text[], %s::jsonb[],"
+            " %s::jsonb[])",
+            (
+                run_id,
+                lease_id,
+                fencing_token,
+                keys,
+                [o.value for o in outcomes],
+                [c[2] for c in completions],
+                [c[3] for c in completions],
+            ),
+            result=lambda _: Batched(idempotency_keys=tuple(keys), outcomes=tuple(outcomes)),
+            landed=lambda: self.batched(
+                run_id, fencing_token, list(zip(keys, outcomes, strict=True))
+            ),
+            fields={"run_id": run_id, "fencing_token": fencing_token},
+        )
+        return done

@@ -28,6 +28,7 @@ from runledger.db.results import (
     DECIDED_STATUS,
     RESOLVED_STATUS,
     Advanced,
+    Batched,
     Checkpointed,
     Completed,
     Decided,
@@ -203,6 +204,19 @@ class ReadBacks(Reads):
             outcome=outcome,
             next_key=IdempotencyKey(next_key),
             attempt=attempt,
+        )
+
+    async def batched(
+        self, run_id: str, fencing_token: int, completions: Sequence[tuple[str, Outcome]]
+    ) -> Batched | None:
+        """``complete_calls``: one transaction, so its first call's completion (read back as
+        :meth:`completed`) is the witness for the whole batch."""
+        first_key, first_outcome = completions[0]
+        if await self.completed(run_id, first_key, fencing_token, first_outcome) is None:
+            return None
+        return Batched(
+            idempotency_keys=tuple(IdempotencyKey(k) for k, _ in completions),
+            outcomes=tuple(o for _, o in completions),
         )
 
     async def recorded(

@@ -51,6 +51,14 @@ class Advanced:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Batched:
+    """The results of several calls of one run, committed together (``complete_calls``)."""
+
+    idempotency_keys: tuple[IdempotencyKey, ...]
+    outcomes: tuple[Outcome, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Recorded:
     """A decision recorded (``record_turn_v3``/``_v4``), with the checkpoint before it and,
     for the final decision, the run's success; ``attempts``: the attempt number of each

@@ -10,7 +10,8 @@
    ``dispatch_call`` commits before the tool is invoked, ``complete_call`` commits the
    result and the provider's receipt before the next step. For calls that run one after
    another, the result of one and the dispatch of the next are one commit
-   (``complete_call_v2``).
+   (``complete_call_v2``); the results of a parallel group that are ready together are
+   one commit too (``complete_calls``, group commit in :mod:`runledger.worker.writes`).
 3. A call that settles ``unknown`` pauses the run, and so does a call that awaits a
    person's approval (it is not sent; the other calls of its group run first); once every
    call of the turn is final the turn is due a checkpoint, then the policy decides the

@@ -4,6 +4,13 @@ Every journal write of a run goes through :meth:`Writes.write`. Once sent, the
 database decides: if the run is fenced locally meanwhile (its task cancelled), the
 write keeps going in the background, and a refusal (``LeaseLost``) is still recorded
 as a ``stale_write_rejected`` event in its own transaction.
+
+Group commit (revision 0018): a call's result without a next call to dispatch is
+queued for its run, and one writer per run commits what is queued when it runs: the
+results of a parallel group that are ready together go in one ``complete_calls``, and
+a result that arrives while a commit of the run is in flight goes in the next one. No
+one waits for a result that is not there yet; each caller returns once its own result
+is committed, before its next step.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runledger import errors
@@ -25,6 +33,23 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+BATCH_MAX = 100  # complete_calls takes 1 to 100 calls
+
+
+@dataclass(slots=True)
+class _Queued:
+    """One call's checked result, waiting for its run's writer."""
+
+    call: Call
+    outcome: Outcome
+    result: Any
+    receipt: dict[str, Any] | None
+    checked: tuple[Any, Outcome, Any, Any]  # key, outcome, result and receipt as JSON
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    abandoned: bool = False  # its caller was cancelled (the run fenced locally)
+
 
 class Writes:
     def __init__(self, store: Store, *, worker_id: str, metrics: Metrics | None = None) -> None:
@@ -32,6 +57,9 @@ class Writes:
         self.worker_id = worker_id
         self.metrics = metrics or Metrics()
         self._late: set[asyncio.Task[Any]] = set()
+        # per lease (run id, fencing token): the results queued for its writer, the writer
+        self._queued: dict[tuple[str, int], list[_Queued]] = {}
+        self._writers: dict[tuple[str, int], asyncio.Task[None]] = {}
 
     async def write(self, active: ActiveRun, operation: str, coro: Coroutine[Any, Any, T]) -> T:
         """Send one write of this run's lease and wait for the database's answer."""
@@ -120,12 +148,13 @@ class Writes:
     ) -> int | None:
         """``complete_call``; with ``next_call`` (a planned call that runs next) also its
         dispatch, in the same transaction (``complete_call_v2``): then the next call's
-        attempt number."""
+        attempt number. Without one, the result is group-committed with the other
+        results of the run that are ready (:meth:`_group_commit`)."""
         c = active.claim
         args = (c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, outcome, result)
         attempt: int | None = None
         if next_call is None:
-            await self.write(active, "complete_call", self.store.complete_call(*args, receipt))
+            await self._group_commit(active, call, outcome, result, receipt)
         else:
             attempt = await self.write(
                 active,
@@ -149,6 +178,88 @@ class Writes:
         if next_call is not None and attempt is not None:
             self.dispatched(active, next_call, attempt)
         return attempt
+
+    async def _group_commit(
+        self,
+        active: ActiveRun,
+        call: Call,
+        outcome: Outcome,
+        result: Any,
+        receipt: dict[str, Any] | None,
+    ) -> None:
+        """Queue this result for the run's writer and wait until it is committed. The
+        writer starts when nothing of the run is being written and runs once the caller
+        yields: the results of sibling calls that are ready by then go in the same
+        commit. A result that fails the store's checks is refused for its call alone."""
+        lease = (active.run_id, active.claim.fencing_token)
+        queued = _Queued(
+            call=call,
+            outcome=outcome,
+            result=result,
+            receipt=receipt,
+            checked=self.store.completion(call.idempotency_key, outcome, result, receipt),
+        )
+        self._queued.setdefault(lease, []).append(queued)
+        writer = self._writers.get(lease)
+        if writer is None:
+            writer = asyncio.ensure_future(self._writer(active))
+            self._writers[lease] = writer
+        try:
+            await asyncio.shield(queued.done)
+        except asyncio.CancelledError:
+            # fenced locally: the commit goes on (and a refusal is still recorded)
+            queued.abandoned = True
+            if not writer.done():
+                self.track(active, writer)
+            raise
+
+    def _next_batch(self, lease: tuple[str, int]) -> list[_Queued]:
+        """The oldest queued results of this lease, at most :data:`BATCH_MAX`."""
+        queued = self._queued.get(lease)
+        if not queued:
+            self._queued.pop(lease, None)
+            return []
+        batch, rest = queued[:BATCH_MAX], queued[BATCH_MAX:]
+        if rest:
+            self._queued[lease] = rest
+        else:
+            del self._queued[lease]
+        return batch
+
+    async def _writer(self, active: ActiveRun) -> None:
+        """Commit the run's queued results, batch after batch, until none are left."""
+        c = active.claim
+        lease = (c.run_id, c.fencing_token)
+        try:
+            while batch := self._next_batch(lease):
+                active.operation = "complete_call"
+                try:
+                    if len(batch) == 1:  # alone: complete_call, as without group commit
+                        q = batch[0]
+                        await self.store.complete_call(
+                            c.run_id,
+                            c.lease_id,
+                            c.fencing_token,
+                            q.call.idempotency_key,
+                            q.outcome,
+                            q.result,
+                            q.receipt,
+                        )
+                    else:
+                        await self.store.complete_calls(
+                            c.run_id, c.lease_id, c.fencing_token, [q.checked for q in batch]
+                        )
+                except Exception as exc:
+                    for q in batch:
+                        q.done.set_exception(exc)
+                        q.done.exception()  # retrieved: an abandoned caller never looks
+                    if isinstance(exc, errors.LeaseLost) and all(q.abandoned for q in batch):
+                        await self.report_stale(active, exc)
+                    continue
+                for q in batch:
+                    q.done.set_result(None)
+        finally:
+            del self._writers[lease]
 
     async def checkpoint_due(self, active: ActiveRun) -> None:
         """Write the checkpoint that waits for the next decision, on its own: the run is

@@ -26,7 +26,7 @@
 --                    heartbeat_worker, report_stale_write; the timeline the schema is
 --                    installed on
 --   04_journal.sql   checkpoint, record_turn, record_turn_v2, record_turn_v3, dispatch_call,
---                    complete_call, complete_call_v2, finish_run
+--                    complete_call, complete_call_v2, complete_calls, finish_run
 --   05_operator.sql  resolve_call; approve_call, deny_call (human approval); cancel_run,
 --                    retry_run, prune_runs (retention); their helpers _requeue_if_settled
 --                    and _lock_awaiting_call; checkpoint_events and checkpoint 0 (0016)

@@ -62,6 +62,7 @@ BEGIN
             runledger.dispatch_call(text, uuid, bigint, text),
             runledger.complete_call(text, uuid, bigint, text, text, jsonb, jsonb),
             runledger.complete_call_v2(text, uuid, bigint, text, text, jsonb, jsonb, text),
+            runledger.complete_calls(text, uuid, bigint, text[], text[], jsonb[], jsonb[], text),
             runledger.finish_run(text, uuid, bigint, text, jsonb, text),
             runledger.release_lease(text, uuid, bigint),
             runledger.release_lease(text, uuid, bigint, text, jsonb),
