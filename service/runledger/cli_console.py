@@ -173,7 +173,9 @@ def console(
 
 def _bind(host: str, port: int) -> Any:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY on accepted sockets of such a listener
+    # only (without it each response waits ~40 ms on a delayed ACK, keep-alive)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -26,6 +26,7 @@ INBOX_PARAMS = ("include_finished", "limit")
 WORKERS_PARAMS = ("liveness", "limit")
 EVENTS_PARAMS = ("run", "kind", "since", "limit", "until")
 PAGE = ("fragment",)
+INBOX_PAGE = 200
 CANCELLABLE = ("queued", "running", "paused")
 RETRYABLE = ("failed", "paused")
 
@@ -182,13 +183,16 @@ async def load_inbox(console: Console, request: Request, *, page: bool) -> dict[
 
     params.known_only(request.query_params, INBOX_PARAMS + (PAGE if page else ()))
     include_finished = _flag(request, "include_finished")
-    limit = params.limit(request.query_params, 1000)
+    # the page shows the oldest 200 by default (1,000 rows make a half-megabyte page);
+    # /api/inbox the 1,000 of `runledger unknown --json`
+    limit = params.limit(request.query_params, INBOX_PAGE if page else 1000)
     data: dict[str, Any] = await console.reader(
         inspect.waiting_calls, include_finished=include_finished, limit=limit
     )
     for c in data["calls"]:  # as `runledger unknown --json` adds them
         c["commands"], c["note"] = commands_for(c, c["run_status"])
     data["include_finished"] = include_finished
+    data["limit"] = limit
     return data
 
 
