@@ -182,12 +182,13 @@ def targets(url: str, n: int) -> list[tuple[str, str]]:
         ("runs, status=paused", "/runs?status=paused"),
         (f"runs, page {n // 100 + 1:,} (cursor)", f"/runs?{cursor}"),
         ("run page (paused, unknown call)", f"/runs/{paused}"),
-        (f"inbox ({n // 100:,} calls)", "/inbox"),
+        ("inbox (the oldest 200)", "/inbox"),
+        (f"inbox, limit=1000 ({n // 100:,} calls)", "/inbox?limit=1000"),
         ("workers", "/workers"),
         ("/api/runs", "/api/runs"),
         ("/api/runs?status=paused", "/api/runs?status=paused"),
         ("/api/runs/{id}", f"/api/runs/{paused}"),
-        ("/api/inbox", "/api/inbox"),
+        (f"/api/inbox ({n // 100:,} calls)", "/api/inbox"),
     ]
 
 

@@ -10,14 +10,17 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
+import click
 import httpx
 import psycopg
 import pytest
@@ -236,3 +239,59 @@ async def test_the_stream_sends_each_change_and_only_its_runs_when_asked(
     await one.aclose()
     await every.aclose()
     assert served.stop() in (0, -signal.SIGTERM)
+
+
+def test_the_listener_names_tcp_so_asyncio_sets_nodelay() -> None:
+    from runledger.cli_console import _bind
+
+    sock = _bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
+
+
+# -- the docs say what the command takes -------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _console_lines(text: str) -> list[str]:
+    """Each ``runledger console ...`` command of the bash blocks, continuations joined and
+    leading ``VAR=value`` assignments dropped."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for command in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(command, comments=True)
+            while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+                words.pop(0)
+            if words[:2] == ["runledger", "console"]:
+                found.append(words)
+    return found
+
+
+def test_the_console_lines_of_the_readme_and_docs_parse() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Console") :]
+    section = section[: section.index("\n### ")]
+    docs = (ROOT / "docs" / "console.md").read_text(encoding="utf-8")
+    lines = _console_lines(section) + _console_lines(docs)
+    assert len(lines) >= 4, lines
+    command = cli.main.commands["console"]
+    for words in lines:
+        command.make_context("console", words[2:])  # an unknown option or bad value raises
+    for param in command.params:
+        if isinstance(param, click.Option):
+            assert any(f"`{o}`" in docs for o in param.opts), param.opts
+            assert f"`{param.envvar}`" in docs or param.envvar == [
+                "RUNLEDGER_DATABASE_URL",
+                "DATABASE_URL",
+            ], param.envvar
+
+
+def test_docs_name_every_api_route() -> None:
+    from runledger.console.pages import API_INDEX
+
+    docs = (ROOT / "docs" / "console.md").read_text(encoding="utf-8")
+    for route in API_INDEX:
+        assert f"`{route}`" in docs or f"`{route.split()[1]}`" in docs, route
