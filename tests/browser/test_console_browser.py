@@ -29,6 +29,7 @@ from runledger.flows import Decision, Flow, ToolCall
 from tests.integration.conftest import Db, StartWorker
 
 pytestmark = pytest.mark.timeout(150)
+expect.set_options(timeout=20_000)  # a loaded 2-core machine: each wait is on a condition
 
 CHROMIUM = os.environ.get("RUNLEDGER_TEST_CHROMIUM", "/usr/bin/chromium")
 TOKEN = "console-test-token-0123456789"
@@ -187,7 +188,7 @@ async def test_resolve_an_unknown_call_and_watch_the_run_finish(
             # a worker comes up and finishes the run; the page follows without a reload
             await page.evaluate("window.__same_page = true")
             await start_worker(flow, worker_id="worker-b")
-            await expect(page.locator("#run-status")).to_have_text("succeeded", timeout=30_000)
+            await expect(page.locator("#run-status")).to_have_text("succeeded", timeout=40_000)
             assert await page.evaluate("window.__same_page") is True
             assert int(await page.locator("body").get_attribute("data-refreshes") or 0) >= 1
             call = page.locator("tr.call", has_text=KEY)
