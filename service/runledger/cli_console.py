@@ -157,11 +157,21 @@ def console(
         f"runledger console: http://{shown_host}:{sock.getsockname()[1]}/ ({mode}{extras})",
         err=True,
     )
-    server = uvicorn.Server(
+    app: Any = create_app(config)
+    hub = app.state.console.hub
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # end the live streams first: the server waits for open responses to finish
+            if hub.loop is not None and not hub.loop.is_closed():
+                hub.loop.call_soon_threadsafe(hub.close_streams)
+            super().handle_exit(sig, frame)
+
+    server = Server(
         uvicorn.Config(
-            create_app(config),  # type: ignore[arg-type]
+            app,
             log_level="warning",
-            timeout_graceful_shutdown=2,
+            timeout_graceful_shutdown=5,
             lifespan="on",
             access_log=False,
         )

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -237,8 +238,17 @@ async def test_the_stream_sends_each_change_and_only_its_runs_when_asked(
     _, data = await next_event(every, "change")
     assert (data["run_id"], data["kind"]) == ("s-three", "submitted")
     await one.aclose()
-    await every.aclose()
+    # a stream still open when the console is told to stop ends, and the console exits
+    # at once, with nothing on stderr past its start-up lines
+    lines_before = len(served.lines)
+    started = time.monotonic()
+    # uvicorn shuts down gracefully, then raises the signal again: killed by SIGTERM
     assert served.stop() in (0, -signal.SIGTERM)
+    assert time.monotonic() - started < 4.0  # its graceful-shutdown timeout is 5 s
+    async with asyncio.timeout(DEADLINE):
+        rest = [name async for name, _ in every]
+    assert "change" not in rest
+    assert served.lines[lines_before:] == []
 
 
 def test_the_listener_names_tcp_so_asyncio_sets_nodelay() -> None:

@@ -70,10 +70,21 @@ class Hub:
         self.listening = asyncio.Event()
         self._subscribers: set[Subscriber] = set()
         self._task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closing = False
         self.heard = 0  # notifications received, for tests and logs
 
     def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._listen(), name="runledger-console-listen")
+
+    def close_streams(self) -> None:
+        """End every stream now (the server is shutting down: it waits for open
+        responses, and a stream never ends by itself). Call it on the loop."""
+        self.closing = True
+        for sub in list(self._subscribers):
+            _drain(sub.queue)
+            sub.offer("closing")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -132,6 +143,8 @@ class Hub:
     async def stream(self, run_id: str | None) -> AsyncIterator[str]:
         """The text of one SSE stream: ``ready`` once listening, then ``change`` (and
         ``resync``/``offline``) events, with a comment every 15 s to keep proxies open."""
+        if self.closing:
+            return
         sub = Subscriber(run_id)
         self._subscribers.add(sub)
         try:
@@ -141,7 +154,7 @@ class Hub:
                 yield _event("ready", {"run_id": run_id})
             except TimeoutError:
                 yield _event("offline", {})
-            while True:
+            while not self.closing:
                 if sub.behind:
                     sub.behind = False
                     _drain(sub.queue)
