@@ -305,3 +305,26 @@ def test_docs_name_every_api_route() -> None:
     docs = (ROOT / "docs" / "console.md").read_text(encoding="utf-8")
     for route in API_INDEX:
         assert f"`{route}`" in docs or f"`{route.split()[1]}`" in docs, route
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_templates_and_static_files(tmp_path: Path) -> None:
+    import zipfile
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("runledger_pg-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    package = ROOT / "service" / "runledger" / "console"
+    shipped = {
+        f"runledger/console/{p.relative_to(package).as_posix()}"
+        for folder in ("templates", "static")
+        for p in (package / folder).iterdir()
+    }
+    assert len(shipped) >= 9
+    assert shipped <= names, sorted(shipped - names)
