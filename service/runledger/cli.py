@@ -37,6 +37,7 @@ from runledger.cli_approvals import (
     shown_status,
 )
 from runledger.cli_audit import audit, checkpoint
+from runledger.cli_console import console
 from runledger.cli_doctor import doctor
 from runledger.cli_events import events
 from runledger.cli_options import (
@@ -437,6 +438,7 @@ main.add_command(events)
 main.add_command(prune)
 main.add_command(audit)
 main.add_command(checkpoint)
+main.add_command(console)
 
 
 @main.command(context_settings=CONTEXT)

@@ -178,6 +178,9 @@ FROM (
       AND (%(flow)s::text IS NULL OR flow = %(flow)s::text)
       AND (%(version)s::text IS NULL OR flow_version = %(version)s::text)
       AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+      -- a page after the last one shown (the console's "older"): the same index, from there
+      AND (%(before_at)s::timestamptz IS NULL
+           OR (created_at, run_id) < (%(before_at)s::timestamptz, %(before_id)s::text))
     ORDER BY created_at DESC, run_id DESC
     LIMIT %(limit)s
 ) l CROSS JOIN clock
@@ -203,9 +206,15 @@ def list_runs(
     since: Since | None = None,
     limit: int = 50,
     silent_after: float = 30.0,
+    before: tuple[dt.datetime, str] | None = None,
 ) -> Row:
-    """``{"now", "runs": [...]}``, newest first; ``flow`` is ``name`` or ``name@version``."""
+    """``{"now", "runs": [...]}``, newest first; ``flow`` is ``name`` or ``name@version``.
+
+    ``before``: a ``(created_at, run_id)`` of a run listed earlier; only the runs after it
+    in this order (the next page, read from the same index)."""
     name, _, version = (flow or "").partition("@")
+    if before is not None:
+        check_run_id(before[1])
     now = db_now(conn)
     rows = conn.execute(
         _LIST,
@@ -214,6 +223,8 @@ def list_runs(
             "flow": name or None,
             "version": version or None,
             "since": since_at(conn, since),
+            "before_at": None if before is None else before[0],
+            "before_id": None if before is None else before[1],
             "limit": max(1, min(limit, MAX_LIMIT)),
             "silent_after": dt.timedelta(seconds=silent_after),
         },
@@ -287,6 +298,15 @@ FROM runledger.runs r WHERE r.run_id = %s
 
 _HOLDER = "SELECT * FROM (" + _WORKERS + ") w WHERE worker_id = %(worker_id)s"
 
+_TURNS = (
+    "SELECT turn, fencing_token, created_at FROM runledger.run_turns "
+    "WHERE run_id = %s ORDER BY turn"
+)
+_TURNS_WITH_RECORDS = (
+    "SELECT turn, fencing_token, created_at, record, output FROM runledger.run_turns "
+    "WHERE run_id = %s ORDER BY turn"
+)
+
 _CALLS = """
 SELECT turn, call_id, idempotency_key, tool, status, approval, attempts, args, result,
        receipt, error, dispatched_by, dispatched_token, dispatched_at, completed_by,
@@ -315,15 +335,21 @@ def lease_verdict(lease: Row) -> str:
     return NO_LIVE_WORKER
 
 
-def show_run(conn: psycopg.Connection[Row], run_id: str, *, silent_after: float) -> Row:
+def show_run(
+    conn: psycopg.Connection[Row], run_id: str, *, silent_after: float, records: bool = False
+) -> Row:
     """The run, its lease (with the holder's liveness), its turns with their calls, and
-    its newest :data:`TIMELINE_LIMIT` events (oldest first), from one snapshot."""
+    its newest :data:`TIMELINE_LIMIT` events (oldest first), from one snapshot. With
+    ``records``, each turn also has its decision ``record`` and ``output`` (the console's
+    run page; ``show --json`` leaves them out)."""
     check_run_id(run_id)
     with conn.transaction():  # repeatable read: the run, its calls and events agree
-        return _show_run(conn, run_id, silent_after=silent_after)
+        return _show_run(conn, run_id, silent_after=silent_after, records=records)
 
 
-def _show_run(conn: psycopg.Connection[Row], run_id: str, *, silent_after: float) -> Row:
+def _show_run(
+    conn: psycopg.Connection[Row], run_id: str, *, silent_after: float, records: bool
+) -> Row:
     row = conn.execute(_RUN, (run_id,)).fetchone()
     if row is None:
         raise errors.RunNotFound(f"run {run_id} not found", run_id=run_id)
@@ -346,8 +372,7 @@ def _show_run(conn: psycopg.Connection[Row], run_id: str, *, silent_after: float
         }
         lease["verdict"] = lease_verdict(lease)
     turns = conn.execute(
-        "SELECT turn, fencing_token, created_at FROM runledger.run_turns "
-        "WHERE run_id = %s ORDER BY turn",
+        _TURNS_WITH_RECORDS if records else _TURNS,
         (run_id,),
     ).fetchall()
     by_turn: dict[int, list[Row]] = {t["turn"]: [] for t in turns}
