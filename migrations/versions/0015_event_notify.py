@@ -1,5 +1,5 @@
 """Live updates (issue "The operator console"): ``_event`` also sends an operator-visible
-event (not the per-call and per-turn ones) on NOTIFY channel ``runledger_events``, payload
+event (not the per-call and per-turn ones, nor claims) on NOTIFY channel ``runledger_events``, payload
 ``<event_id> <run_id> <kind>``. The downgrade restores the 0007 ``_event``.
 
 Revision ID: 0015

@@ -1,5 +1,5 @@
 -- runledger 0015: live updates (issue "The operator console"). _event also sends the
--- events an operator watches (not the per-call and per-turn ones) on NOTIFY channel
+-- events an operator watches (not the per-call and per-turn ones, nor claims) on NOTIFY channel
 -- runledger_events, payload '<event_id> <run_id> <kind>'.
 -- Frozen once merged: change things in a new revision (and in the living files).
 
@@ -11,7 +11,11 @@
 -- INSERT once per session.
 -- Revision 0015: an event that changes what an operator sees of a run (not the per-call
 -- and per-turn ones) is also sent on NOTIFY channel runledger_events, payload
--- '<event_id> <run_id> <kind>', at commit (a rolled-back event sends nothing).
+-- '<event_id> <run_id> <kind>', at commit (a rolled-back event sends nothing). Nor
+-- 'claimed': a commit that notifies wakes every listening session of the database (each
+-- worker's listener reads the queue in a transaction of its own), and a claim's commit
+-- notifies nothing else; a run's end, a pause or an operator's act is what is sent.
+-- 'submitted' costs no wake-up: its commit wakes the claimers (runledger_runs) anyway.
 CREATE OR REPLACE FUNCTION runledger._event(p_run_id text, p_kind text, p_actor text,
                                  p_fencing_token bigint, p_state_version bigint,
                                  p_detail jsonb, p_at timestamptz DEFAULT NULL) RETURNS void
@@ -25,7 +29,7 @@ BEGIN
             p_state_version, coalesce(p_detail, '{}'::jsonb))
     RETURNING event_id INTO v_id;
     IF p_kind NOT IN ('call_dispatched', 'call_succeeded', 'call_failed', 'call_not_applied',
-                      'turn_recorded', 'checkpoint') THEN
+                      'turn_recorded', 'checkpoint', 'claimed') THEN
         PERFORM pg_notify('runledger_events', v_id || ' ' || p_run_id || ' ' || p_kind);
     END IF;
 END

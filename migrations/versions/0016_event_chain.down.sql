@@ -23,7 +23,7 @@ BEGIN
             p_state_version, coalesce(p_detail, '{}'::jsonb))
     RETURNING event_id INTO v_id;
     IF p_kind NOT IN ('call_dispatched', 'call_succeeded', 'call_failed', 'call_not_applied',
-                      'turn_recorded', 'checkpoint') THEN
+                      'turn_recorded', 'checkpoint', 'claimed') THEN
         PERFORM pg_notify('runledger_events', v_id || ' ' || p_run_id || ' ' || p_kind);
     END IF;
 END

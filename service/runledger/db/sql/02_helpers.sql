@@ -296,7 +296,11 @@ $$;
 -- INSERT once per session.
 -- Revision 0015: an event that changes what an operator sees of a run (not the per-call
 -- and per-turn ones) is also sent on NOTIFY channel runledger_events, payload
--- '<event_id> <run_id> <kind>', at commit (a rolled-back event sends nothing).
+-- '<event_id> <run_id> <kind>', at commit (a rolled-back event sends nothing). Nor
+-- 'claimed': a commit that notifies wakes every listening session of the database (each
+-- worker's listener reads the queue in a transaction of its own), and a claim's commit
+-- notifies nothing else; a run's end, a pause or an operator's act is what is sent.
+-- 'submitted' costs no wake-up: its commit wakes the claimers (runledger_runs) anyway.
 -- Revision 0016: the event carries its link in the run's hash chain. Every caller holds
 -- the run's row lock (FOR UPDATE or an UPDATE of it), so one run's events are appended one
 -- at a time and each reads its predecessor's hash committed. The event id is drawn inside
@@ -323,7 +327,7 @@ BEGIN
     FROM (SELECT pg_catalog.nextval('runledger.run_events_event_id_seq'::regclass) AS id) n
     RETURNING event_id INTO v_id;
     IF p_kind NOT IN ('call_dispatched', 'call_succeeded', 'call_failed', 'call_not_applied',
-                      'turn_recorded', 'checkpoint') THEN
+                      'turn_recorded', 'checkpoint', 'claimed') THEN
         PERFORM pg_notify('runledger_events', v_id || ' ' || p_run_id || ' ' || p_kind);
     END IF;
 END
