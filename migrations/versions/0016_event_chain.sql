@@ -2,8 +2,8 @@
 -- Every run_events row carries its link in the run's hash chain (run_events.hash, by
 -- runledger._event_hash); runledger.checkpoint_events records the chain heads, chained
 -- by digest; prune_runs records the chains it deletes (event_chain_prunes); the three new
--- tables are append-only. report_stale_write and renew_leases's failures now take the
--- run's row lock before their event, so one run's events are appended one at a time.
+-- tables are append-only. _event locks the run's last event row before it reads its
+-- hash, so one run's events are appended one at a time.
 -- The events written before this revision carry no hash: checkpoint 0 says up to which id.
 -- Frozen once merged: change things in a new revision (and in the living files).
 
@@ -97,11 +97,16 @@ $$;
 -- worker's listener reads the queue in a transaction of its own), and a claim's commit
 -- notifies nothing else; a run's end, a pause or an operator's act is what is sent.
 -- 'submitted' costs no wake-up: its commit wakes the claimers (runledger_runs) anyway.
--- Revision 0016: the event carries its link in the run's hash chain. Every caller holds
--- the run's row lock (FOR UPDATE or an UPDATE of it), so one run's events are appended one
--- at a time and each reads its predecessor's hash committed. The event id is drawn inside
--- the INSERT, after its table lock: runledger.checkpoint_events, which takes the table in
--- SHARE mode, never misses an id drawn before it and inserted after it.
+-- Revision 0016: the event carries its link in the run's hash chain. One run's events are
+-- appended one at a time: the writer locks the run's last event row (FOR UPDATE; event
+-- rows never change, so a waiter gets the same row once the holder ends), then reads the
+-- last hash again in a new snapshot, which has the holder's event. Not the run's row
+-- lock: the writers of renewal_failed and stale_write_rejected do not hold it, and a
+-- lock on the run would make a concurrent claim skip it. A row lock takes no slot in the
+-- lock table, so a failover that marks a million runs writes their events in one
+-- transaction. The event id is drawn inside the INSERT, after its table lock:
+-- runledger.checkpoint_events, which takes the table in SHARE mode, never misses an id
+-- drawn before it and inserted after it.
 CREATE OR REPLACE FUNCTION runledger._event(p_run_id text, p_kind text, p_actor text,
                                  p_fencing_token bigint, p_state_version bigint,
                                  p_detail jsonb, p_at timestamptz DEFAULT NULL) RETURNS void
@@ -113,6 +118,8 @@ DECLARE
     v_detail jsonb := coalesce(p_detail, '{}'::jsonb);
     v_previous bytea;
 BEGIN
+    PERFORM e.event_id FROM runledger.run_events e
+    WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1 FOR UPDATE;
     SELECT e.hash INTO v_previous FROM runledger.run_events e
     WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
     INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
@@ -126,115 +133,6 @@ BEGIN
                       'turn_recorded', 'checkpoint', 'claimed') THEN
         PERFORM pg_notify('runledger_events', v_id || ' ' || p_run_id || ' ' || p_kind);
     END IF;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION runledger.renew_leases(p_worker_id text, p_run_ids text[], p_lease_ids uuid[],
-                                       p_lease interval)
-RETURNS TABLE (run_id text, lease_expires_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, runledger, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := runledger.now();
-    v_row record;
-    v_run_id text;
-    -- revision 0010: a lease of an earlier timeline is not renewed (its writes are refused)
-    v_floor bigint := runledger._token_floor();
-BEGIN
-    PERFORM runledger._check_worker_id(p_worker_id);
-    PERFORM runledger._check_lease(p_lease);
-    IF coalesce(cardinality(p_run_ids), 0) <> coalesce(cardinality(p_lease_ids), 0) THEN
-        PERFORM runledger._raise('RL006', 'run ids and lease ids must be arrays of one length',
-            NULL, NULL);
-    END IF;
-    IF cardinality(p_run_ids) > runledger._cap('run_ids') THEN
-        PERFORM runledger._raise('RL006',
-            format('run ids has %s elements, over the cap of %s', cardinality(p_run_ids),
-                   runledger._cap('run_ids')), NULL, NULL);
-    END IF;
-    FOREACH v_run_id IN ARRAY coalesce(p_run_ids, '{}') LOOP
-        PERFORM runledger._check_run_id(v_run_id);
-    END LOOP;
-    -- One statement (one snapshot) finds the renewed leases and the failed ones; it runs
-    -- to completion before the loop returns the first and logs the others.
-    FOR v_row IN
-    WITH wanted AS (
-        SELECT u.run_id, u.lease_id FROM unnest(p_run_ids, p_lease_ids) AS u(run_id, lease_id)
-    ), locked AS (
-        -- lock in a fixed order so two renewals never wait on each other in a cycle
-        SELECT l.run_id FROM runledger.runs l JOIN wanted w ON w.run_id = l.run_id
-        WHERE l.lease_id = w.lease_id AND l.lease_owner = p_worker_id
-          AND l.status = 'running' AND l.lease_expires_at > v_now AND l.fencing_token > v_floor
-        ORDER BY l.run_id
-        FOR NO KEY UPDATE OF l
-    ), renewed AS (
-        UPDATE runledger.runs r
-        SET lease_expires_at = v_now + p_lease
-        FROM locked k JOIN wanted w ON w.run_id = k.run_id
-        WHERE r.run_id = k.run_id AND r.lease_id = w.lease_id AND r.lease_owner = p_worker_id
-          AND r.status = 'running' AND r.lease_expires_at > v_now AND r.fencing_token > v_floor
-        RETURNING r.run_id, r.lease_expires_at
-    )
-    SELECT n.run_id, n.lease_expires_at, true AS renewed, NULL::uuid AS lease_id,
-           NULL::uuid AS current_lease_id, NULL::text AS current_owner, NULL::text AS status
-    FROM renewed n
-    UNION ALL
-    SELECT w.run_id, NULL, false, w.lease_id, x.lease_id, x.lease_owner, x.status
-    FROM wanted w JOIN runledger.runs x ON x.run_id = w.run_id
-    WHERE NOT EXISTS (SELECT 1 FROM renewed n WHERE n.run_id = w.run_id)
-      -- a run that left 'running' (finished, released, cancelled) has its own event:
-      -- only a lease that expired or was taken over is a renewal failure
-      AND x.status = 'running'
-    LOOP
-        IF v_row.renewed THEN
-            run_id := v_row.run_id;
-            lease_expires_at := v_row.lease_expires_at;
-            RETURN NEXT;
-        ELSE
-            -- the run's row lock, taken after the renewed ones (held by this statement):
-            -- its events are appended one at a time (the hash chain, revision 0016)
-            PERFORM 1 FROM runledger.runs x WHERE x.run_id = v_row.run_id FOR NO KEY UPDATE;
-            PERFORM runledger._event(v_row.run_id, 'renewal_failed', p_worker_id, NULL, NULL,
-                jsonb_build_object('lease_id', v_row.lease_id,
-                                   'current_lease_id', v_row.current_lease_id,
-                                   'current_owner', v_row.current_owner, 'status', v_row.status),
-                v_now);
-        END IF;
-    END LOOP;
-END
-$$;
-
--- A worker whose write was refused records that, in its own transaction, naming itself.
--- The stale token goes in detail; the fencing_token column only carries current tokens.
--- The run must exist (it is not locked: the report changes nothing of it). The message
--- is what the worker was told (str() of the refusal, with DETAIL and HINT): its cap is
--- generous, so that the report of a refusal never fails on the refusal's own text.
-CREATE OR REPLACE FUNCTION runledger.report_stale_write(p_run_id text, p_worker_id text, p_lease_id uuid,
-                                             p_fencing_token bigint, p_operation text,
-                                             p_message text)
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, runledger, pg_temp
-AS $$
-DECLARE
-    r runledger.runs;
-BEGIN
-    PERFORM runledger._check_run_id(p_run_id);
-    PERFORM runledger._check_worker_id(p_worker_id);
-    PERFORM runledger._check_text('operation', p_operation, 1, runledger._cap('operation'));
-    PERFORM runledger._check_text('message', p_message, 0, runledger._cap('message'));
-    -- the run's row lock: its events are appended one at a time (the hash chain, 0016)
-    SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        PERFORM runledger._raise('RL003', format('run %s not found', p_run_id),
-            'a stale write is reported only for a run that exists', NULL);
-    END IF;
-    PERFORM runledger._event(p_run_id, 'stale_write_rejected', p_worker_id, NULL, NULL,
-        jsonb_build_object('operation', p_operation, 'stale_lease_id', p_lease_id,
-                           'stale_token', p_fencing_token, 'current_token', r.fencing_token,
-                           'current_owner', r.lease_owner, 'message', p_message));
 END
 $$;
 

@@ -463,3 +463,41 @@ async def test_writers_wait_for_a_checkpoint_only_while_it_reads_the_watermark(
     after = _checkpoint(admin)
     assert after["created"] and after["checkpoint_id"] == made["checkpoint_id"] + 1
     assert _broken(database_url) == {}
+
+
+def test_events_of_a_renewal_and_a_takeover_racing_stay_one_chain(
+    database_url: str, db_clock: Any
+) -> None:
+    """renewal_failed is written by a worker that does not hold the run, while the new
+    holder writes its takeover: the two appends are serialized on the run's last event
+    row, never forked, and the takeover is not held back by the renewal."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.contract.helpers import LEASE_SECONDS, claim, finish, renew, submit_and_claim
+
+    with (
+        psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as a,
+        psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as b,
+    ):
+        a.execute("SET ROLE runledger_worker")
+        b.execute("SET ROLE runledger_worker")
+        for i in range(8):
+            lease = submit_and_claim(a, f"race-{i}", "w1")
+            db_clock.advance(LEASE_SECONDS + 1)
+            with ThreadPoolExecutor(2) as pool:
+                renewed = pool.submit(renew, a, "w1", [lease])
+                taken = pool.submit(claim, b, "w2", max_runs=1)
+                assert renewed.result(timeout=30) == []
+                (new,) = taken.result(timeout=30)
+                assert new.run_id == f"race-{i}"
+            finish(b, new, "succeeded", None, reason="done")  # out of the next race
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as admin:
+        kinds = {
+            r["kind"]
+            for r in admin.execute(
+                "SELECT kind FROM runledger.run_events WHERE run_id LIKE 'race-%'"
+            )
+        }
+        assert {"renewal_failed", "takeover"} <= kinds
+        _checkpoint(admin)
+    assert _broken(database_url) == {}

@@ -301,11 +301,16 @@ $$;
 -- worker's listener reads the queue in a transaction of its own), and a claim's commit
 -- notifies nothing else; a run's end, a pause or an operator's act is what is sent.
 -- 'submitted' costs no wake-up: its commit wakes the claimers (runledger_runs) anyway.
--- Revision 0016: the event carries its link in the run's hash chain. Every caller holds
--- the run's row lock (FOR UPDATE or an UPDATE of it), so one run's events are appended one
--- at a time and each reads its predecessor's hash committed. The event id is drawn inside
--- the INSERT, after its table lock: runledger.checkpoint_events, which takes the table in
--- SHARE mode, never misses an id drawn before it and inserted after it.
+-- Revision 0016: the event carries its link in the run's hash chain. One run's events are
+-- appended one at a time: the writer locks the run's last event row (FOR UPDATE; event
+-- rows never change, so a waiter gets the same row once the holder ends), then reads the
+-- last hash again in a new snapshot, which has the holder's event. Not the run's row
+-- lock: the writers of renewal_failed and stale_write_rejected do not hold it, and a
+-- lock on the run would make a concurrent claim skip it. A row lock takes no slot in the
+-- lock table, so a failover that marks a million runs writes their events in one
+-- transaction. The event id is drawn inside the INSERT, after its table lock:
+-- runledger.checkpoint_events, which takes the table in SHARE mode, never misses an id
+-- drawn before it and inserted after it.
 CREATE FUNCTION runledger._event(p_run_id text, p_kind text, p_actor text,
                                  p_fencing_token bigint, p_state_version bigint,
                                  p_detail jsonb, p_at timestamptz DEFAULT NULL) RETURNS void
@@ -317,6 +322,8 @@ DECLARE
     v_detail jsonb := coalesce(p_detail, '{}'::jsonb);
     v_previous bytea;
 BEGIN
+    PERFORM e.event_id FROM runledger.run_events e
+    WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1 FOR UPDATE;
     SELECT e.hash INTO v_previous FROM runledger.run_events e
     WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
     INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,

@@ -603,9 +603,6 @@ BEGIN
             lease_expires_at := v_row.lease_expires_at;
             RETURN NEXT;
         ELSE
-            -- the run's row lock, taken after the renewed ones (held by this statement):
-            -- its events are appended one at a time (the hash chain, revision 0016)
-            PERFORM 1 FROM runledger.runs x WHERE x.run_id = v_row.run_id FOR NO KEY UPDATE;
             PERFORM runledger._event(v_row.run_id, 'renewal_failed', p_worker_id, NULL, NULL,
                 jsonb_build_object('lease_id', v_row.lease_id,
                                    'current_lease_id', v_row.current_lease_id,
@@ -684,8 +681,7 @@ BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
     PERFORM runledger._check_text('operation', p_operation, 1, runledger._cap('operation'));
     PERFORM runledger._check_text('message', p_message, 0, runledger._cap('message'));
-    -- the run's row lock: its events are appended one at a time (the hash chain, 0016)
-    SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id FOR NO KEY UPDATE;
+    SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id;
     IF NOT FOUND THEN
         PERFORM runledger._raise('RL003', format('run %s not found', p_run_id),
             'a stale write is reported only for a run that exists', NULL);
