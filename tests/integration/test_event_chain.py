@@ -501,3 +501,30 @@ def test_events_of_a_renewal_and_a_takeover_racing_stay_one_chain(
         assert {"renewal_failed", "takeover"} <= kinds
         _checkpoint(admin)
     assert _broken(database_url) == {}
+
+
+def test_checkpoint_refusals_are_one_line(
+    database_url: str, admin_conn: Conn, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A bad actor and a role without the grant end in one line (exit 1), not a
+    traceback, and make no checkpoint."""
+    import sys
+
+    from runledger import cli
+
+    admin_conn.execute("CREATE ROLE ch_auditor LOGIN IN ROLE runledger_auditor")
+    auditor_url = database_url.replace("postgres@", "ch_auditor@", 1)
+    assert auditor_url != database_url
+    for args, says in (
+        (["--actor", "x" * 300, "--database-url", database_url], "InvalidInput: actor must be"),
+        (["--database-url", auditor_url], "checkpoint_events is granted to runledger_worker"),
+    ):
+        monkeypatch.setattr(sys, "argv", ["runledger", "checkpoint", *args])
+        with pytest.raises(SystemExit) as exit_:
+            cli.run()
+        err = capsys.readouterr().err
+        assert exit_.value.code == 1, err
+        assert err.startswith("error: ") and says in err, err
+        assert len(err.splitlines()) == 1, err
+    (n,) = admin_conn.execute("SELECT count(*) FROM runledger.event_checkpoints").fetchone()
+    assert n == 1

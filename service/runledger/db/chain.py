@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from runledger.db.execution import connect_timeout_param
+from runledger.db.execution import connect_error, connect_timeout_param
+from runledger.db.inspect import driver_error
 
 PATIENCE = 5.0  # s: how long a checkpoint on demand keeps trying for the table lock
 
@@ -20,23 +21,37 @@ def checkpoint_now(url: str, actor: str, *, connect_timeout: float | None = None
     on its table lock after its lock_timeout when event writers hold the table; this
     tries again for up to :data:`PATIENCE` s. The newest checkpoint, ``created`` false
     when no event came since the last one (or the lock never came)."""
-    kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row}
+    kwargs: dict[str, Any] = {"application_name": "runledger-checkpoint"}
     if connect_timeout is not None:
         kwargs["connect_timeout"] = connect_timeout_param(connect_timeout)
+    try:
+        conn = psycopg.connect(url, autocommit=True, row_factory=dict_row, **kwargs)
+    except (psycopg.Error, OSError) as exc:
+        raise connect_error(exc, url, connect_timeout) from None
+    try:
+        return _checkpoint(conn, actor)
+    except psycopg.Error as exc:
+        raise driver_error(exc, "the checkpoint", CHECKPOINT_GRANTS) from None
+    finally:
+        conn.close()
+
+
+CHECKPOINT_GRANTS = "checkpoint_events is granted to runledger_worker, and so to runledger_operator"
+
+
+def _checkpoint(conn: psycopg.Connection[Any], actor: str) -> dict[str, Any]:
     deadline = time.monotonic() + PATIENCE
-    with psycopg.connect(url, **kwargs) as conn:
-        while True:
-            row = conn.execute(
-                "SELECT * FROM runledger.checkpoint_events(%s, %s)", (actor, dt.timedelta(0))
-            ).fetchone()
-            assert row is not None
-            if row["created"] or time.monotonic() >= deadline:
-                return dict(row)
-            newer = conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM runledger.run_events e"
-                " WHERE e.event_id > %s) AS newer",
-                (row["through_event_id"],),
-            ).fetchone()
-            if newer is None or not newer["newer"]:
-                return dict(row)
-            time.sleep(0.1)
+    while True:
+        row = conn.execute(
+            "SELECT * FROM runledger.checkpoint_events(%s, %s)", (actor, dt.timedelta(0))
+        ).fetchone()
+        assert row is not None
+        if row["created"] or time.monotonic() >= deadline:
+            return dict(row)
+        newer = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM runledger.run_events e WHERE e.event_id > %s) AS newer",
+            (row["through_event_id"],),
+        ).fetchone()
+        if newer is None or not newer["newer"]:
+            return dict(row)
+        time.sleep(0.1)

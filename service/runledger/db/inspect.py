@@ -58,12 +58,7 @@ def read_connection(url: str, connect_timeout: float | None) -> Iterator[psycopg
     connection is :class:`~runledger.errors.DatabaseUnavailable`, a refusal with a
     runledger SQLSTATE its own exception, anything else (a missing privilege) a
     :class:`~runledger.errors.RunLedgerError` that names what the commands need."""
-    from runledger.db.execution import (
-        connect_error,
-        connect_timeout_param,
-        is_connection_error,
-        map_error,
-    )
+    from runledger.db.execution import connect_error, connect_timeout_param
 
     kwargs: dict[str, Any] = {"application_name": "runledger-cli"}
     if connect_timeout is not None:
@@ -80,19 +75,26 @@ def read_connection(url: str, connect_timeout: float | None) -> Iterator[psycopg
         conn.execute("SET default_transaction_read_only = on")
         yield conn
     except psycopg.Error as exc:
-        if is_connection_error(exc):
-            raise errors.DatabaseUnavailable(
-                f"lost the connection to the database while reading: {_first_line(exc)}"
-            ) from None
-        mapped = map_error(exc)
-        if mapped is not None:
-            raise mapped from None
-        hint = READ_GRANTS if exc.sqlstate == "42501" else None
-        raise errors.RunLedgerError(
-            f"the database refused the read: {_first_line(exc)}", hint=hint
-        ) from None
+        raise driver_error(exc, "the read", READ_GRANTS) from None
     finally:
         conn.close()
+
+
+def driver_error(exc: psycopg.Error, what: str, grants: str) -> errors.RunLedgerError:
+    """A driver error as the one-line runledger error a command prints: a lost
+    connection, a refusal with its runledger SQLSTATE, or ``what`` refused (``grants``
+    as the hint for a missing privilege)."""
+    from runledger.db.execution import is_connection_error, map_error
+
+    if is_connection_error(exc):
+        return errors.DatabaseUnavailable(
+            f"lost the connection to the database during {what}: {_first_line(exc)}"
+        )
+    mapped = map_error(exc)
+    if mapped is not None:
+        return mapped
+    hint = grants if exc.sqlstate == "42501" else None
+    return errors.RunLedgerError(f"the database refused {what}: {_first_line(exc)}", hint=hint)
 
 
 READ_GRANTS = (
