@@ -263,39 +263,27 @@ $$;
 -- own deletes with a row for its transaction in runledger.prune_authorizations (which no
 -- caller can write) and removes that row before it returns, so no door stays open for
 -- the rest of the caller's transaction. Only finished runs are deleted (the guard of
--- runs checks it again).
+-- runs checks it again). Since revision 0016, prune_runs_v2's batches in a loop: a run
+-- another transaction holds (an operator's retry) is left, as there.
 CREATE FUNCTION runledger.prune_runs(p_before timestamptz, p_keep_events boolean)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
-    v_count integer;
-    v_txid bigint;
+    v_count integer := 0;
+    v_batch integer;
 BEGIN
     IF p_before IS NULL THEN
         PERFORM runledger._raise('RL006', 'before must not be null', NULL, NULL);
     END IF;
-    v_txid := txid_current();
-    INSERT INTO runledger.prune_authorizations (txid) VALUES (v_txid) ON CONFLICT DO NOTHING;
-    WITH gone AS (
-        DELETE FROM runledger.runs x
-        WHERE x.status IN ('succeeded', 'failed', 'cancelled') AND x.finished_at < p_before
-        RETURNING x.run_id
-    ), events AS (
-        DELETE FROM runledger.run_events e
-        WHERE NOT coalesce(p_keep_events, false) AND e.run_id IN (SELECT g.run_id FROM gone g)
-        RETURNING e.run_id, e.event_id, e.hash
-    ), chains AS (
-        -- revision 0016: each deleted chain, so that audit tells it from a tampered one
-        INSERT INTO runledger.event_chain_prunes (run_id, last_event_id, last_hash, events,
-                                                  pruned_at)
-        SELECT DISTINCT ON (d.run_id) d.run_id, d.event_id, d.hash,
-               count(*) OVER (PARTITION BY d.run_id), runledger.now()
-        FROM events d ORDER BY d.run_id, d.event_id DESC
-    )
-    SELECT count(*) INTO v_count FROM gone;
-    DELETE FROM runledger.prune_authorizations a WHERE a.txid = v_txid;
+    -- revision 0016: prune_runs_v2's batches, one after the other in this transaction, so
+    -- that the deletes (and the record of the chains they delete) are written once
+    LOOP
+        v_batch := runledger.prune_runs_v2(p_before, coalesce(p_keep_events, false), 10000);
+        v_count := v_count + v_batch;
+        EXIT WHEN v_batch < 10000;
+    END LOOP;
     RETURN v_count;
 END
 $$;
