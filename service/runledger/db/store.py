@@ -254,9 +254,23 @@ class Store(FastPath):
         result: Any,
         receipt: dict[str, Any] | None,
     ) -> None:
-        key, chosen, result_json, receipt_json = self._completion(
-            idempotency_key, outcome, result, receipt
+        await self.complete_checked(
+            run_id,
+            lease_id,
+            fencing_token,
+            self._completion(idempotency_key, outcome, result, receipt),
         )
+
+    async def complete_checked(
+        self,
+        run_id: str,
+        lease_id: uuid.UUID,
+        fencing_token: int,
+        checked: tuple[IdempotencyKey, Outcome, Any, Any],
+    ) -> None:
+        """:meth:`complete_call` with arguments already checked and encoded by
+        :meth:`completion` (a group commit's result that turned out to be alone)."""
+        key, chosen, result_json, receipt_json = checked
         await self._write(
             "SELECT runledger.complete_call(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
             (run_id, lease_id, fencing_token, key, chosen.value, result_json, receipt_json),

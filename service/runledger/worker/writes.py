@@ -40,10 +40,6 @@ BATCH_MAX = 100  # complete_calls takes 1 to 100 calls
 class _Queued:
     """One call's checked result, waiting for its run's writer."""
 
-    call: Call
-    outcome: Outcome
-    result: Any
-    receipt: dict[str, Any] | None
     checked: tuple[Any, Outcome, Any, Any]  # key, outcome, result and receipt as JSON
     done: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
@@ -193,10 +189,6 @@ class Writes:
         commit. A result that fails the store's checks is refused for its call alone."""
         lease = (active.run_id, active.claim.fencing_token)
         queued = _Queued(
-            call=call,
-            outcome=outcome,
-            result=result,
-            receipt=receipt,
             checked=self.store.completion(call.idempotency_key, outcome, result, receipt),
         )
         self._queued.setdefault(lease, []).append(queued)
@@ -235,15 +227,8 @@ class Writes:
                 active.operation = "complete_call"
                 try:
                     if len(batch) == 1:  # alone: complete_call, as without group commit
-                        q = batch[0]
-                        await self.store.complete_call(
-                            c.run_id,
-                            c.lease_id,
-                            c.fencing_token,
-                            q.call.idempotency_key,
-                            q.outcome,
-                            q.result,
-                            q.receipt,
+                        await self.store.complete_checked(
+                            c.run_id, c.lease_id, c.fencing_token, batch[0].checked
                         )
                     else:
                         await self.store.complete_calls(
