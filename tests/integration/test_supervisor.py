@@ -190,9 +190,10 @@ async def test_an_unexpected_error_in_the_executor_releases_the_lease(
     rw = await start_worker(flow)  # leases of 30 s: an expired lease would time out here
     assert rw.worker.store is not None
     store = rw.worker.store
-    # the tool's effect happened, then recording it fails with something unexpected
-    store.complete_call = _once(  # type: ignore[method-assign]
-        RuntimeError("database gone"), store.complete_call
+    # the tool's effect happened, then recording it fails with something unexpected (a
+    # result committed alone goes through complete_checked)
+    store.complete_checked = _once(  # type: ignore[method-assign]
+        RuntimeError("database gone"), store.complete_checked
     )
     with caplog.at_level(logging.ERROR, logger="runledger.worker.executor"):
         await db.submit("sup-3", flow)
