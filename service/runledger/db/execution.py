@@ -48,6 +48,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from runledger import errors
+from runledger.db import wire
 from runledger.db.rows import Row
 from runledger.db.validate import check_json
 
@@ -343,7 +344,7 @@ class Executor:
     async def close(self) -> None:
         await self.pool.close()
 
-    async def _rows(self, sql: LiteralString, params: Sequence[Any]) -> list[Row]:
+    async def _rows(self, sql: LiteralString | wire.Prepared, params: Sequence[Any]) -> list[Row]:
         """Send one statement: the only place that talks to the driver."""
         pin = _PINNED.get()
         if pin is not None and pin.pool is self.pool and not pin.released:
@@ -352,6 +353,8 @@ class Executor:
             pin.users += 1
             lost = False
             try:
+                if isinstance(sql, wire.Prepared):
+                    return await wire.execute(conn, sql, params)
                 async with conn.cursor(row_factory=dict_row) as cur:
                     await cur.execute(sql, params)
                     return await cur.fetchall() if cur.description else []
@@ -363,9 +366,12 @@ class Executor:
                 raise
             finally:
                 await pin.done_with(lost)
-        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(sql, params)
-            return await cur.fetchall() if cur.description else []
+        async with self.pool.connection() as conn:
+            if isinstance(sql, wire.Prepared):
+                return await wire.execute(conn, sql, params)
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(sql, params)
+                return await cur.fetchall() if cur.description else []
 
     @contextlib.asynccontextmanager
     async def pinned(self) -> AsyncIterator[None]:
@@ -395,7 +401,7 @@ class Executor:
 
     async def _write(
         self,
-        sql: LiteralString,
+        sql: LiteralString | wire.Prepared,
         params: Sequence[Any],
         *,
         result: Callable[[list[Row]], T],
@@ -412,7 +418,7 @@ class Executor:
 
     async def _execute(
         self,
-        sql: LiteralString,
+        sql: LiteralString | wire.Prepared,
         params: Sequence[Any],
         fields: dict[str, Any],
         result: Callable[[list[Row]], T],
@@ -449,5 +455,8 @@ class Executor:
         raise AssertionError("unreachable")
 
     def _json(self, what: str, value: Any, *, obj: bool, nullable: bool = False) -> Jsonb | None:
-        check_json(what, value, obj=obj, nullable=nullable, cap=self.max_payload_bytes)
-        return None if value is None else Jsonb(value)
+        text = check_json(what, value, obj=obj, nullable=nullable, cap=self.max_payload_bytes)
+        if text is None:
+            return None
+        # the text the check made is what is sent: the value is not encoded a second time
+        return Jsonb(value, dumps=lambda _: text)

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from runledger.db import wire
 from runledger.db.execution import word
 from runledger.db.operator import OperatorWrites
 from runledger.db.results import Advanced, Batched, Recorded
@@ -33,6 +34,27 @@ from runledger.db.validate import check_text
 from runledger.model import ClaimedRun, FencingToken, IdempotencyKey, LeaseId, Outcome, RunId
 
 FINAL_OUTCOMES = (Outcome.SUCCEEDED, Outcome.FAILED)
+
+# The statements a worker sends for every tool call, prepared once per connection and sent
+# without a cursor (runledger.db.wire).
+RECORD_TURN_V4 = wire.Prepared(
+    "record_turn_v4",
+    "SELECT * FROM runledger.record_turn_v4($1::text, $2::uuid, $3::bigint, $4::int,"
+    " $5::jsonb, $6::jsonb, $7::jsonb, $8::bigint, $9::jsonb, $10::boolean, $11::text[])",
+    11,
+)
+COMPLETE_CALL_V2 = wire.Prepared(
+    "complete_call_v2",
+    "SELECT runledger.complete_call_v2($1::text, $2::uuid, $3::bigint, $4::text, $5::text,"
+    " $6::jsonb, $7::jsonb, $8::text) AS attempt",
+    8,
+)
+COMPLETE_CALLS = wire.Prepared(
+    "complete_calls",
+    "SELECT runledger.complete_calls($1::text, $2::uuid, $3::bigint, $4::text[], $5::text[],"
+    " $6::jsonb[], $7::jsonb[]) AS attempt",
+    7,
+)
 
 
 def claimed_run(r: Row) -> ClaimedRun:
@@ -193,8 +215,7 @@ class FastPath(OperatorWrites):
         state_json = self._json("state", state, obj=True, nullable=True)
         call_ids = list(dispatch)
         done = await self._write(
-            "SELECT * FROM runledger.record_turn_v4(%s, %s, %s, %s, %s::jsonb, %s::jsonb,"
-            " %s::jsonb, %s, %s::jsonb, %s, %s::text[])",
+            RECORD_TURN_V4,
             (
                 run_id,
                 lease_id,
@@ -241,8 +262,7 @@ class FastPath(OperatorWrites):
             idempotency_key, outcome, result, receipt
         )
         done = await self._write(
-            "SELECT runledger.complete_call_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)"
-            " AS attempt",
+            COMPLETE_CALL_V2,
             (
                 run_id,
                 lease_id,
@@ -288,8 +308,7 @@ class FastPath(OperatorWrites):
         keys = [c[0] for c in completions]
         outcomes = [c[1] for c in completions]
         done = await self._write(
-            "SELECT runledger.complete_calls(%s, %s, %s, %s::text[], %s::text[], %s::jsonb[],"
-            " %s::jsonb[])",
+            COMPLETE_CALLS,
             (
                 run_id,
                 lease_id,

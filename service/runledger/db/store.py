@@ -30,7 +30,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from runledger import errors
 from runledger.config import default, url_connect_timeout
-from runledger.db import decode
+from runledger.db import decode, wire
 from runledger.db.execution import connect_error, connect_timeout_param, map_error, probe, word
 from runledger.db.fastpath import FastPath, claimed_run
 from runledger.db.landed import FINISHED_STATUS
@@ -56,6 +56,13 @@ from runledger.model import (
 __all__ = ["Store", "map_error"]
 
 MAX_REASON_CHARS = 200
+# a call's result committed alone (the last call of a turn): runledger.db.wire
+COMPLETE_CALL = wire.Prepared(
+    "complete_call",
+    "SELECT runledger.complete_call($1::text, $2::uuid, $3::bigint, $4::text, $5::text,"
+    " $6::jsonb, $7::jsonb)",
+    7,
+)
 
 
 class Store(FastPath):
@@ -272,7 +279,7 @@ class Store(FastPath):
         :meth:`completion` (a group commit's result that turned out to be alone)."""
         key, chosen, result_json, receipt_json = checked
         await self._write(
-            "SELECT runledger.complete_call(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
+            COMPLETE_CALL,
             (run_id, lease_id, fencing_token, key, chosen.value, result_json, receipt_json),
             result=lambda _: Completed(
                 idempotency_key=key, outcome=chosen, status=CALL_STATUS_AFTER[chosen]

@@ -119,14 +119,15 @@ def check_json(
     nullable: bool = False,
     cap: int | None = None,
     max_depth: int = MAX_JSON_DEPTH,
-) -> None:
+) -> str | None:
     """Refuse what ``jsonb`` cannot hold or the contract does not accept: NUL, lone
     surrogates, non-string keys, NaN, values JSON cannot encode, nesting deeper than
-    ``max_depth`` (the database's limit), and more than ``cap`` bytes."""
+    ``max_depth`` (the database's limit), and more than ``cap`` bytes. Returns the
+    value's JSON text (``None`` for ``None``), which the store sends as it is."""
     if value is None:
         if not nullable:
             raise InvalidInput(f"{what} must not be null")
-        return
+        return None
     if obj and not isinstance(value, dict):
         raise InvalidInput(f"{what} must be a JSON object, got {type(value).__name__}")
     _walk(what, value, max_depth)  # first: json.dumps below recurses
@@ -137,3 +138,4 @@ def check_json(
         raise InvalidInput(f"{what} is not JSON: {exc}") from exc
     if cap is not None and len(text.encode()) > cap:
         raise InvalidInput(f"{what} is over the cap of {cap} bytes")
+    return text

@@ -1,0 +1,112 @@
+"""The hot path's statements sent without a cursor (runledger.db.wire): the values they
+carry arrive as through psycopg's cursor, refusals come back typed, and a session that
+lost its prepared statements or its connection recovers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from runledger import errors
+from runledger.db import wire
+from runledger.db.fastpath import COMPLETE_CALL_V2, RECORD_TURN_V4
+from runledger.db.rows import as_stored
+
+from .helpers import rows
+
+Conn = psycopg.Connection[Any]
+LEASE = dt.timedelta(seconds=30)
+
+
+async def _claimed(store: Any, run_id: str) -> Any:
+    await store.submit_run(run_id, "demo", "1", {})
+    [(c, _)] = await store.claim_runs_v4("w1", ["demo@1"], LEASE, 1)
+    return c
+
+
+async def test_values_arrive_as_sent(store: Any, admin_conn: Conn) -> None:
+    c = await _claimed(store, "w-vals")
+    # quotes, braces, backslashes, commas, non-ASCII and a NUL-free control character in
+    # JSON; keys that need escaping; a float jsonb keeps as an integer
+    args = {'q"u\\o,te{}': 'é\t"x"', "n": [1.5, 1e100, None, True]}
+    calls = [
+        {"call_id": "c1", "tool": "create_ticket", "args": args},
+        {"call_id": "c2", "tool": "create_ticket", "args": {}},
+    ]
+    version, attempts = await store.record_turn_v4(
+        "w-vals", c.lease_id, c.fencing_token, 0, calls, expected_version=0, dispatch=["c1"]
+    )
+    assert (version, attempts) == (0, (1,))
+    [turn] = rows(admin_conn, "SELECT calls FROM runledger.run_turns WHERE run_id = 'w-vals'")
+    assert turn["calls"][0]["args"] == as_stored(args)
+    attempt = await store.complete_call_v2(
+        "w-vals",
+        c.lease_id,
+        c.fencing_token,
+        "w-vals:0:c1",
+        "succeeded",
+        {"text": "ünïcødé 🎉", "list": [{}, []]},
+        {"receipt": 'x"y'},
+        next_key="w-vals:0:c2",
+        next_attempts_seen=0,
+    )
+    assert attempt == 1
+    [call] = rows(
+        admin_conn,
+        "SELECT result, receipt FROM runledger.run_calls WHERE idempotency_key = 'w-vals:0:c1'",
+    )
+    assert call["result"] == {"text": "ünïcødé 🎉", "list": [{}, []]}
+    assert call["receipt"] == {"receipt": 'x"y'}
+
+
+@pytest.mark.parametrize("bad", ['a"b', "x}y", "p,q", "back\\slash", "NULL", ""])
+async def test_a_hostile_array_element_is_one_element(store: Any, bad: str) -> None:
+    """The text[] of call ids to dispatch is quoted element by element: an id with the
+    array syntax in it is refused by name, not split or read as NULL."""
+    c = await _claimed(store, "w-arr")
+    calls = [{"call_id": "c1", "tool": "create_ticket", "args": {}}]
+    with pytest.raises(errors.InvalidInput) as refused:
+        await store.record_turn_v4(
+            "w-arr", c.lease_id, c.fencing_token, 0, calls, expected_version=0, dispatch=[bad]
+        )
+    assert f"call {bad} to dispatch is not a call of turn 0" in str(refused.value)
+
+
+async def test_a_refusal_is_typed_with_its_sqlstate(store: Any) -> None:
+    c = await _claimed(store, "w-stale")
+    calls = [{"call_id": "c1", "tool": "create_ticket", "args": {}}]
+    with pytest.raises(errors.LeaseLost) as lost:
+        await store.record_turn_v4(
+            "w-stale", uuid.uuid4(), c.fencing_token, 0, calls, expected_version=0
+        )
+    assert lost.value.sqlstate == "RL001"
+    assert "is not the current lease" in str(lost.value)
+
+
+async def test_statements_are_prepared_again_after_discard_all(database_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        probe = wire.Prepared("test_probe", "SELECT $1::text || '!' AS x, $2::int[] AS a", 2)
+        assert await wire.execute(conn, probe, ["hi", [1, 2]]) == [{"x": "hi!", "a": [1, 2]}]
+        await conn.execute("DISCARD ALL")
+        assert await wire.execute(conn, probe, ["again", []]) == [{"x": "again!", "a": []}]
+        with pytest.raises(TypeError):
+            await wire.execute(conn, probe, ["one"])
+
+
+async def test_a_dropped_connection_is_a_connection_error(database_url: str) -> None:
+    admin = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    async with admin, await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        probe = wire.Prepared("test_gone", "SELECT $1::int + 1 AS n", 1)
+        assert await wire.execute(conn, probe, [1]) == [{"n": 2}]
+        await admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError):
+            await wire.execute(conn, probe, [1])
+
+
+async def test_the_hot_statements_name_their_parameters() -> None:
+    assert RECORD_TURN_V4.nparams == 11 and RECORD_TURN_V4.sql.count("$") == 11
+    assert COMPLETE_CALL_V2.nparams == 8 and COMPLETE_CALL_V2.sql.count("$") == 8
