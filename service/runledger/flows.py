@@ -419,7 +419,13 @@ async def invoke(
     kw = kwargs or {}
     if inspect.iscoroutinefunction(fn):
         coro: Awaitable[Any] = fn(*args, **kw)
-        return await coro if timeout is None else await asyncio.wait_for(coro, timeout)
+        if timeout is None:
+            return await coro
+        # not wait_for: in Python 3.11 it runs the coroutine in a task of its own, one
+        # more task per tool call; a timeout scope cancels it in place, and raises the same
+        # TimeoutError
+        async with asyncio.timeout(timeout):
+            return await coro
     # A thread cannot be interrupted. Giving up on it would let the runtime look the
     # effect up or send it again while the first attempt may still land, so a plain
     # ``def`` is always waited for; its timeout is only reported.
