@@ -82,6 +82,16 @@ class Procs:
     def cpu(self) -> float:
         return sum(proc_cpu(p.pid) for p in self.procs)
 
+    def rss_mb(self) -> float:
+        """The largest resident set of one worker process now, in MB (VmRSS)."""
+        largest = 0.0
+        for p in self.procs:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        largest = max(largest, int(line.split()[1]) / 1024)
+        return largest
+
     def stop(self, timeout: float = 10.0) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -135,6 +145,7 @@ class Sample:
     me: float
     busy: float
     total: float
+    rss_mb: float
 
 
 @dataclass
@@ -154,6 +165,7 @@ class Batch:
     other_cores: float
     wall_s: float
     submit_s: float
+    worker_rss_mb: float = float("nan")  # the largest worker process's peak VmRSS
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,6 +214,7 @@ def sample(calls: int, procs: Procs, postmaster: int) -> Sample:
         me=proc_cpu(os.getpid()),
         busy=busy,
         total=total,
+        rss_mb=procs.rss_mb(),
     )
 
 
@@ -280,11 +293,13 @@ def measure(
         other_cores=max(0.0, machine - ours / wall_w),
         wall_s=wall,
         submit_s=submit_s,
+        worker_rss_mb=max(s.rss_mb for s in samples),
     )
     say(
         f"  {batch.kind}: {batch.calls_per_s:.0f} calls/s, {batch.xact_per_call:.2f} xact/call, "
         f"CPU {batch.worker_ms_per_call:.2f} + {batch.postgres_ms_per_call:.2f} ms/call, "
-        f"other jobs {batch.other_cores:.2f} cores, {wall:.1f} s"
+        f"other jobs {batch.other_cores:.2f} cores, worker RSS {batch.worker_rss_mb:.0f} MB, "
+        f"{wall:.1f} s"
     )
     cluster.drop(dbname)
     return batch

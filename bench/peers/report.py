@@ -46,6 +46,7 @@ def summarize(batches: Sequence[Batch], systems: Sequence[str]) -> list[dict[str
                 "cpu_ms_per_call": [b.worker_ms_per_call + b.postgres_ms_per_call for b in tp],
                 "sequential_ms_per_call": [b.cycle_ms_per_call for b in seq],
                 "other_cores": [b.other_cores for b in tp],
+                "worker_rss_mb": [b.worker_rss_mb for b in tp],
             }
         )
     return out
@@ -73,6 +74,7 @@ def render(summary: Sequence[dict[str, Any]]) -> str:
                 cpu,
                 _span(s["sequential_ms_per_call"], ".2f"),
                 f"{_med(s['other_cores']):.2f}" if s["other_cores"] else "-",
+                f"{max(s['worker_rss_mb']):.0f}" if s["worker_rss_mb"] else "-",
             ]
         )
     return table(
@@ -85,6 +87,7 @@ def render(summary: Sequence[dict[str, Any]]) -> str:
             "CPU ms/call (worker + PostgreSQL)",
             "sequential ms/call",
             "other jobs cores",
+            "worker RSS MB (max)",
         ],
         rows,
     )
