@@ -129,7 +129,8 @@ def as_stored(value: Any) -> Any:
     exponent as the integer jsonb's ``numeric`` keeps. What the worker keeps in memory of
     a write is then what a reload of the journal would show."""
     if isinstance(value, dict):
-        return {k: as_stored(value[k]) for k in sorted(value, key=_jsonb_key)}
+        keys = sorted(value, key=_jsonb_key) if len(value) > 1 else value
+        return {k: as_stored(value[k]) for k in keys}
     if isinstance(value, list | tuple):
         return [as_stored(v) for v in value]
     if isinstance(value, float) and "e+" in repr(value):

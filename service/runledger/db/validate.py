@@ -78,6 +78,39 @@ def check_int32(what: str, value: object) -> int:
     return number
 
 
+def _fine(value: Any, max_depth: int) -> bool:
+    """Whether :func:`_walk` would find nothing wrong with ``value``, without the paths it
+    builds for its messages: the common case, at a fraction of the cost. Iterative too."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        if isinstance(item, str):
+            if "\x00" in item or not (item.isascii() or _utf8(item)):
+                return False
+        elif isinstance(item, dict):
+            if depth >= max_depth:
+                return False
+            for key, child in item.items():
+                if not isinstance(key, str) or "\x00" in key or not (key.isascii() or _utf8(key)):
+                    return False
+                push((child, depth + 1))
+        elif isinstance(item, list | tuple):
+            if depth >= max_depth:
+                return False
+            for child in item:
+                push((child, depth + 1))
+    return True
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _walk(what: str, value: Any, max_depth: int) -> None:
     """Every string and key of ``value``, and its nesting, checked without recursion.
 
@@ -130,7 +163,8 @@ def check_json(
         return None
     if obj and not isinstance(value, dict):
         raise InvalidInput(f"{what} must be a JSON object, got {type(value).__name__}")
-    _walk(what, value, max_depth)  # first: json.dumps below recurses
+    if not _fine(value, max_depth):
+        _walk(what, value, max_depth)  # first: json.dumps below recurses
     try:
         # measured like the database does: octet_length of UTF-8 text
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)

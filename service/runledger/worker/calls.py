@@ -10,7 +10,6 @@ settles to :class:`Settled` -- a paused run is a value, not an exception. Fencin
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import logging
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 from runledger import errors
 from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke, using_tool_context
-from runledger.model import Approval, Call, CallStatus, Outcome
+from runledger.model import Approval, Call, CallStatus, Outcome, evolve
 from runledger.worker import recovery, tracing
 from runledger.worker.crash import CrashPoints
 from runledger.worker.recovery import Known, LookedUp, Window
@@ -159,7 +158,7 @@ class Calls:
                         active, call, outcome, error, None, next_call=nxt
                     )
                     if outcome is Outcome.NOT_APPLIED:  # back to planned, same key
-                        known = dataclasses.replace(known, window=Window.PLANNED)
+                        known = evolve(known, window=Window.PLANNED)
                         continue
                     return Settled.DONE, sent
                 case recovery.Probe():
@@ -172,9 +171,7 @@ class Calls:
                     attempt = await self.writes.dispatch(
                         active, call, attempts_seen=known.attempts + known.tries
                     )
-                    known = dataclasses.replace(
-                        known, window=Window.IN_FLIGHT, suspect=False, attempts=attempt
-                    )
+                    known = evolve(known, window=Window.IN_FLIGHT, suspect=False, attempts=attempt)
                 case recovery.Lookup(backoff=wait):
                     assert tool is not None
                     if wait:
@@ -226,7 +223,7 @@ class Calls:
             attempt = dispatched
         self.crash.hit("after_dispatch", tool.name)
         check_deadline(active)  # no call starts after the local deadline
-        sent = dataclasses.replace(
+        sent = evolve(
             known,
             tries=known.tries + 1,
             suspect=False,
@@ -248,9 +245,7 @@ class Calls:
         except NotApplied as na:
             return (
                 attempt,
-                dataclasses.replace(
-                    sent, window=Window.NOT_APPLIED, reason=na.reason, retry=na.retry
-                ),
+                evolve(sent, window=Window.NOT_APPLIED, reason=na.reason, retry=na.retry),
                 (None, None),
             )
         except Exception as exc:  # includes TimeoutError: ambiguous, like a crash
@@ -265,11 +260,11 @@ class Calls:
             )
             return (
                 attempt,
-                dataclasses.replace(sent, window=Window.AMBIGUOUS, error=error_of(exc)),
+                evolve(sent, window=Window.AMBIGUOUS, error=error_of(exc)),
                 (None, None),
             )
         self.crash.hit("after_effect", tool.name)
-        return attempt, dataclasses.replace(sent, window=Window.RETURNED), unpack(value)
+        return attempt, evolve(sent, window=Window.RETURNED), unpack(value)
 
     async def _lookup(
         self, active: ActiveRun, tool: Tool[Any], call: Call, attempt: int, known: Known
@@ -282,7 +277,7 @@ class Calls:
             with using_tool_context(ctx):
                 found = await invoke(tool.lookup_fn, (ctx,), timeout=timeout)
         except Exception as exc:
-            failed = dataclasses.replace(
+            failed = evolve(
                 known,
                 looked_up=LookedUp.FAILED,
                 lookups_failed=known.lookups_failed + 1,
@@ -290,11 +285,11 @@ class Calls:
             )
             return failed, (None, None)
         if found is None:
-            return dataclasses.replace(known, looked_up=LookedUp.NOT_FOUND), (None, None)
+            return evolve(known, looked_up=LookedUp.NOT_FOUND), (None, None)
         receipt = jsonable(found)
         if not isinstance(receipt, dict):
             receipt = {"value": receipt}
-        return dataclasses.replace(known, looked_up=LookedUp.FOUND), (receipt, receipt)
+        return evolve(known, looked_up=LookedUp.FOUND), (receipt, receipt)
 
     def _tool_ctx(self, active: ActiveRun, call: Call, attempt: int) -> ToolContext:
         c = active.claim

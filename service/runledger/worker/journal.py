@@ -12,7 +12,6 @@ on the run; the next holder loads the journal from the database.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from runledger.db.results import CALL_STATUS_AFTER
@@ -25,6 +24,7 @@ from runledger.model import (
     Outcome,
     RunId,
     Turn,
+    evolve,
 )
 
 
@@ -78,7 +78,7 @@ class LocalJournal:
     def _update(self, key: str, **changes: Any) -> None:
         at = self._at.get(key)
         if at is not None:
-            self.calls[at] = dataclasses.replace(self.calls[at], **changes)
+            self.calls[at] = evolve(self.calls[at], **changes)
 
     def dispatched(self, key: str, attempt: int, token: int, by: str = "") -> None:
         # by: the dispatcher; any value but None says "dispatched on this timeline" to
