@@ -35,7 +35,7 @@ import httpx
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import database, say  # noqa: E402
+from _common import database, say
 
 CHROMIUM = os.environ.get("RUNLEDGER_TEST_CHROMIUM", "/usr/bin/chromium")
 
@@ -174,7 +174,8 @@ def targets(url: str, n: int) -> list[tuple[str, str]]:
         ).fetchone() or ("?",)
         (middle,) = conn.execute(
             "SELECT created_at::text || '|' || run_id FROM runledger.runs "
-            "ORDER BY created_at DESC, run_id DESC OFFSET %s LIMIT 1", (n // 2,)
+            "ORDER BY created_at DESC, run_id DESC OFFSET %s LIMIT 1",
+            (n // 2,),
         ).fetchone() or ("?",)
     cursor = httpx.QueryParams({"before": middle.replace(" ", "T")})
     return [

@@ -34,14 +34,16 @@ from peers.harness import Batch, Side, measure
 from peers.report import render, summarize
 
 SYSTEMS = ("runledger", "absurd", "dbos")
+REF = "runledger-ref"  # --rl-ref: runledger from another checkout, beside this one
 NEEDS = {"absurd": "absurd_sdk", "dbos": "dbos"}  # the [bench] extra
 
 
 def make_side(name: str, args: argparse.Namespace) -> Side:
-    if name == "runledger":
+    if name in ("runledger", REF):
         from peers.rl_side import Runledger
 
-        return Runledger(args.rl_workers, args.rl_concurrency)
+        ref = args.rl_ref if name == REF else None
+        return Runledger(args.rl_workers, args.rl_concurrency, ref)
     if name == "absurd":
         from peers.absurd_side import AbsurdSide
 
@@ -89,14 +91,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="runledger's flow with parallel_calls: each turn's 3 calls are one group",
     )
+    ap.add_argument(
+        "--rl-ref",
+        type=Path,
+        help="another checkout (e.g. a git worktree of the previous release): its runledger "
+        "runs as system runledger-ref right after this tree's, rep by rep",
+    )
     ap.add_argument("--sample-seconds", type=float, default=0.1, help="progress/CPU sampling")
     ap.add_argument("--pg-bin", type=Path, default=DEFAULT_BIN, help=f"default {DEFAULT_BIN}")
     args = ap.parse_args(argv)
     if args.rl_parallel:
         os.environ["PEERS_RL_PARALLEL"] = "1"  # read by peers.rl_flow in the workers
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.rl_ref is not None and REF not in names:
+        names.insert(names.index("runledger") + 1 if "runledger" in names else 0, REF)
     for n in names:
-        if n not in SYSTEMS:
+        if n not in (*SYSTEMS, REF) or (n == REF and args.rl_ref is None):
             ap.error(f"unknown system {n!r}; choose from {', '.join(SYSTEMS)}")
     if args.reps < 1 or args.runs < 10 or args.seq_runs < 2:
         ap.error("--reps >= 1, --runs >= 10 and --seq-runs >= 2")
@@ -155,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         "the whole cluster, between 10 % and 90 %; sequential = 1 worker, concurrency 1, "
         f"{args.seq_runs} runs, the median time from one run's last call to the next's / 9; "
         "other jobs = cores busy with "
-        "processes outside the benchmark (well above 0: noisy numbers, trust the ratios)."
+        "processes outside the benchmark (well above 0: noisy numbers, trust the ratios); "
+        "worker RSS = the largest resident set of one worker process during the throughput "
+        "batches (Absurd runs one process per concurrent task)."
     )
     if args.json:
         with shielded():

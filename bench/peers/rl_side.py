@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,27 +17,59 @@ from peers.harness import Procs, unique
 
 
 class Runledger:
+    """runledger from this tree; with ``ref``, from the checkout at that path instead
+    (``--rl-ref``: its ``service/`` first on the workers' path, its own migrations), so
+    that a before and an after run side by side in one interleaved run."""
+
     name = "runledger"
 
-    def __init__(self, workers: int, concurrency: int) -> None:
+    def __init__(self, workers: int, concurrency: int, ref: Path | None = None) -> None:
         self.workers = workers
         self.concurrency = concurrency
+        self.ref = ref
         self._databases: Databases | None = None
+        self._template: str | None = None
+        self._label = ""
+        if ref is not None:
+            self.name = "runledger-ref"
+            if not (ref / "service" / "runledger").is_dir():
+                raise SystemExit(f"--rl-ref {ref}: no service/runledger there")
+            head = subprocess.run(["git", "-C", str(ref), "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True, check=False)  # fmt: skip
+            self._label = f", {head.stdout.strip() or ref.name}"
+
+    def _env(self) -> dict[str, str]:
+        if self.ref is None:
+            return {}
+        path = os.pathsep.join(filter(None, [str(self.ref / "service"),
+                                             os.environ.get("PYTHONPATH")]))  # fmt: skip
+        return {"PYTHONPATH": path}
 
     def setup(self, sequential: bool) -> str:
         if sequential:
-            return "1 worker x concurrency 1"
-        return f"{self.workers} workers x concurrency {self.concurrency}"
+            return f"1 worker x concurrency 1{self._label}"
+        return f"{self.workers} workers x concurrency {self.concurrency}{self._label}"
 
     def prepare(self, cluster: Cluster) -> None:
+        if self.ref is not None:  # migrated by the reference tree's own code
+            self._template = unique("peers_rlref_template")
+            url = cluster.create(self._template)
+            subprocess.run(
+                [sys.executable, "-m", "runledger", "migrate", "--database-url", url],
+                env={**os.environ, **self._env()},
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+            return
         server = Server(admin_url=cluster.admin_url, backend="local", version=cluster.version)
         self._databases = Databases(server)
-        self._databases.ensure_template()  # migrated once; each batch clones it
+        self._template = self._databases.ensure_template()  # migrated once; batches clone it
 
     def fresh(self, cluster: Cluster) -> tuple[str, str]:
-        assert self._databases is not None
+        assert self._template is not None
         name = unique("peers_runledger")
-        return name, cluster.create(name, template=self._databases.template)
+        return name, cluster.create(name, template=self._template)
 
     def submit(self, url: str, runs: int) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -52,7 +87,7 @@ class Runledger:
                 [sys.executable, "-m", "runledger", "worker", "--flows", "peers.rl_flow:flow",
                  "--worker-id", f"peers-w{i}", "--concurrency", str(concurrency),
                  "--log-level", "warning"],
-                env={"RUNLEDGER_DATABASE_URL": url},
+                env={"RUNLEDGER_DATABASE_URL": url, **self._env()},
             )  # fmt: skip
 
     def progress(self, conn: psycopg.Connection[Any]) -> tuple[int, int]:
