@@ -137,7 +137,13 @@ def migrate(
 @click.pass_context
 def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) -> None:
     """Run a worker process: claim runs of the given flows and drive them."""
-    from runledger.worker import configure_logging, load_flows, run_worker, worker_from_settings
+    from runledger.worker import (
+        configure_logging,
+        event_loop_runner,
+        load_flows,
+        run_worker,
+        worker_from_settings,
+    )
 
     settings = build_settings(ctx, values)
     configure_logging(settings.log_level, settings.log_json)
@@ -163,9 +169,10 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
         sys.path.insert(0, os.getcwd())
     try:
         w = worker_from_settings(settings, load_flows(flow_specs))
+        event_loop_runner(settings.event_loop)  # uvloop asked for but missing: one line
     except (ValueError, ImportError) as exc:
         raise click.UsageError(str(exc)) from exc
-    run_worker(w)
+    run_worker(w, settings.event_loop)
 
 
 def _configure_otel(file: str | None) -> None:

@@ -32,3 +32,16 @@ def test_a_bad_env_value_stops_the_worker_with_one_line(workers: Any) -> None:
         "'nan' is not a finite number."
     ]
     assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(("choice", "loop"), [("auto", "uvloop"), ("asyncio", "asyncio")])
+def test_the_worker_runs_on_the_event_loop_it_is_given(
+    workers: Any, admin_conn: Any, choice: str, loop: str
+) -> None:
+    """uvloop by default (a dependency on this platform), asyncio's own on request; the
+    runs go through either way."""
+    (w0,) = workers.start(1, env={"RUNLEDGER_EVENT_LOOP": choice, "RUNLEDGER_LOG_LEVEL": "INFO"})
+    submit(admin_conn, f"loop-{choice}", [[{"tool": "ticket"}], [{"tool": "ticket"}]])
+    wait_status(admin_conn, f"loop-{choice}", ("succeeded",))
+    [started] = [line for line in workers.log(w0).splitlines() if "worker started" in line]
+    assert f"event_loop={loop}" in started

@@ -450,3 +450,28 @@ def test_an_env_connect_timeout_that_is_not_a_number_is_a_usage_line(
     assert exit_.value.code == 2
     [line] = capsys.readouterr().err.splitlines()
     assert "RUNLEDGER_CONNECT_TIMEOUT" in line
+
+
+def test_the_event_loop_setting_picks_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import sys
+
+    import uvloop
+
+    from runledger.worker import event_loop_runner
+
+    assert event_loop_runner("auto") is uvloop.run
+    assert event_loop_runner("uvloop") is uvloop.run
+    assert event_loop_runner("asyncio") is asyncio.run
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not installed: import fails
+    assert event_loop_runner("auto") is asyncio.run
+    with pytest.raises(ValueError, match="uvloop is not installed"):
+        event_loop_runner("uvloop")
+
+
+def test_an_unknown_event_loop_is_a_usage_error() -> None:
+    result = CliRunner().invoke(
+        cli.main, ["worker", "--flows", "x:y", "--event-loop", "trio"], env={}
+    )
+    assert result.exit_code == 2
+    assert "'trio' is not one of 'auto', 'asyncio', 'uvloop'" in result.output

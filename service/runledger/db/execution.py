@@ -394,7 +394,11 @@ class Executor:
             await pin.release()
 
     async def _read(
-        self, sql: LiteralString, params: Sequence[Any], *, fields: dict[str, Any] | None = None
+        self,
+        sql: LiteralString | wire.Prepared,
+        params: Sequence[Any],
+        *,
+        fields: dict[str, Any] | None = None,
     ) -> list[Row]:
         """A statement that is safe to repeat: sent again after any connection failure."""
         return await self._execute(sql, params, fields or {}, _rows_as_is, None)

@@ -35,8 +35,8 @@ from runledger.model import ClaimedRun, FencingToken, IdempotencyKey, LeaseId, O
 
 FINAL_OUTCOMES = (Outcome.SUCCEEDED, Outcome.FAILED)
 
-# The statements a worker sends for every tool call, prepared once per connection and sent
-# without a cursor (runledger.db.wire).
+# The statements a worker sends for every tool call (and its claim), prepared once per
+# connection and sent without a cursor (runledger.db.wire).
 RECORD_TURN_V4 = wire.Prepared(
     "record_turn_v4",
     "SELECT * FROM runledger.record_turn_v4($1::text, $2::uuid, $3::bigint, $4::int,"
@@ -48,6 +48,11 @@ COMPLETE_CALL_V2 = wire.Prepared(
     "SELECT runledger.complete_call_v2($1::text, $2::uuid, $3::bigint, $4::text, $5::text,"
     " $6::jsonb, $7::jsonb, $8::text) AS attempt",
     8,
+)
+CLAIM_RUNS_V4 = wire.Prepared(
+    "claim_runs_v4",
+    "SELECT * FROM runledger.claim_runs_v4($1::text, $2::text[], $3::interval, $4::int)",
+    4,
 )
 COMPLETE_CALLS = wire.Prepared(
     "complete_calls",
@@ -142,10 +147,7 @@ class FastPath(OperatorWrites):
         check_text("worker id", worker_id)
         for f in flows:
             check_text("flow", f)
-        rows = await self._read(
-            "SELECT * FROM runledger.claim_runs_v4(%s, %s::text[], %s::interval, %s)",
-            (worker_id, list(flows), lease, max_runs),
-        )
+        rows = await self._read(CLAIM_RUNS_V4, (worker_id, list(flows), lease, max_runs))
         return [
             (
                 claimed_run(r),

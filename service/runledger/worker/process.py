@@ -203,6 +203,8 @@ class Worker(Listening):
                 "worker_id": self.worker_id,
                 "flows": sorted(self.flows),
                 "concurrency": self.concurrency,
+                # uvloop or asyncio (--event-loop)
+                "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
             },
         )
         executor = self.executor = Executor(
