@@ -189,6 +189,17 @@ class Tool(Generic[F]):
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
         ):
             raise TypeError(f"tool {name}: the first parameter must be the context (ctx)")
+        # what check_args needs to accept args without binding them (the common case):
+        # the names that may be given by keyword, those that must be, and whether any
+        # other name is taken (**kwargs); binding only explains a refusal
+        keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        rest = params[1:]
+        self._any_name = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in rest)
+        self._names = frozenset(p.name for p in rest if p.kind in keyword)
+        self._required = frozenset(
+            p.name for p in rest if p.kind in keyword and p.default is inspect.Parameter.empty
+        )
+        self._positional_only = any(p.kind is inspect.Parameter.POSITIONAL_ONLY for p in rest)
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
 
@@ -204,6 +215,12 @@ class Tool(Generic[F]):
 
     def check_args(self, args: dict[str, Any]) -> None:
         """Raise :class:`InvalidDecision` when ``args`` do not bind to the signature."""
+        if (
+            not self._positional_only
+            and self._required.issubset(args)
+            and (self._any_name or self._names.issuperset(args))
+        ):
+            return
         try:
             self.signature.bind(None, **args)
         except TypeError as exc:

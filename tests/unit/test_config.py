@@ -157,6 +157,7 @@ NON_DEFAULT = {
     "http_host": "127.0.0.1",
     "otel": "true",
     "otel_file": "/tmp/spans.jsonl",
+    "event_loop": "asyncio",
     "log_json": "true",
     "log_level": "DEBUG",
 }
@@ -298,7 +299,9 @@ def _flow() -> Any:
 def test_worker_from_settings_takes_every_worker_setting() -> None:
     from runledger.worker import worker_from_settings
 
-    values = {n: v for n, v in NON_DEFAULT.items() if n not in ("log_json", "log_level")}
+    # the process-wide ones: logging, and the event loop run_worker starts
+    process = ("log_json", "log_level", "event_loop")
+    values = {n: v for n, v in NON_DEFAULT.items() if n not in process}
     settings = Settings(**values)  # type: ignore[arg-type]
     flow = _flow()
     w = worker_from_settings(settings, [flow])

@@ -1,0 +1,44 @@
+"""Tool.check_args accepts exactly the arguments that bind to the tool's signature: the
+shortcut for the common case (names known, required ones present) never accepts what
+binding refuses, nor refuses what it accepts."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from typing import Any
+
+import pytest
+
+from runledger.flows import Flow, InvalidDecision
+
+
+def plain(ctx: Any, a: int, b: int = 1) -> None: ...
+def keyword_only(ctx: Any, *, a: int, b: int = 1) -> None: ...
+def var_keyword(ctx: Any, a: int, **more: Any) -> None: ...
+def var_positional(ctx: Any, *rest: Any, a: int = 0) -> None: ...
+def positional_only(ctx: Any, a: int, /, b: int = 1) -> None: ...
+def nothing(ctx: Any) -> None: ...
+
+
+SIGNATURES = [plain, keyword_only, var_keyword, var_positional, positional_only, nothing]
+ARGS = [dict(zip(names, itertools.repeat(1))) for n in range(4)
+        for names in itertools.combinations(["a", "b", "c", "rest", "more"], n)]  # fmt: skip
+
+
+@pytest.mark.parametrize("fn", SIGNATURES, ids=lambda f: f.__name__)
+def test_check_args_agrees_with_binding(fn: Any) -> None:
+    flow = Flow("args-check")
+    tool = flow.tool(safety="idempotent")(fn)
+    signature = inspect.signature(fn)
+    for args in ARGS:
+        try:
+            signature.bind(None, **args)
+            binds = True
+        except TypeError:
+            binds = False
+        if binds:
+            tool.check_args(args)
+        else:
+            with pytest.raises(InvalidDecision, match=f"tool {fn.__name__}: "):
+                tool.check_args(args)
