@@ -125,6 +125,9 @@ $$;
 -- writes, claims' failover marking, the operator functions via _lock_run), and the caller
 -- holds it. Only when no row matched does the slow path lock and read the call, to refuse
 -- it with the exact error as before (a key that is invalid or of another run matches none).
+-- The run is compared with IS NOT DISTINCT FROM (run_id is NOT NULL: the same test) so
+-- that it is a filter: the row is found by its key's unique index, as _lock_call finds
+-- it, never by a scan of the run's calls through the primary key.
 CREATE OR REPLACE FUNCTION runledger._dispatch(p_run_id text, p_key text, p_owner text,
                                     p_fencing_token bigint, p_state_version bigint,
                                     p_now timestamptz) RETURNS integer
@@ -140,7 +143,8 @@ BEGIN
     SET status = 'dispatched', attempts = x.attempts + 1, dispatched_token = p_fencing_token,
         dispatched_by = p_owner, dispatched_at = p_now
     FROM runledger.run_calls o
-    WHERE x.idempotency_key = p_key AND o.idempotency_key = p_key AND x.run_id = p_run_id
+    WHERE x.idempotency_key = p_key AND o.idempotency_key = p_key
+      AND x.run_id IS NOT DISTINCT FROM p_run_id
       AND x.status IN ('planned', 'dispatched') AND x.approval IS DISTINCT FROM 'pending'
     RETURNING x.tool, x.attempts, o.status INTO v_tool, v_attempt, v_previous;
     IF NOT FOUND THEN
@@ -274,7 +278,7 @@ BEGIN
         completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
         completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
         completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
-    WHERE x.idempotency_key = p_idempotency_key AND x.run_id = p_run_id
+    WHERE x.idempotency_key = p_idempotency_key AND x.run_id IS NOT DISTINCT FROM p_run_id
       AND x.status = 'dispatched'
     RETURNING x.tool, x.attempts INTO v_tool, v_attempts;
     IF NOT FOUND THEN
@@ -367,7 +371,8 @@ BEGIN
     -- would lock: every writer of a run's calls holds the run's row lock first, as
     -- this function does. Only when no row matched (an invalid key, a key of another
     -- run, a call not dispatched) or a next-call refusal is due does the path of
-    -- revision 0008 run, to refuse with the exact error in the same order.
+    -- revision 0008 run, to refuse with the exact error in the same order. The run is
+    -- a filter (IS NOT DISTINCT FROM), as in _dispatch: the row is found by its key.
     IF p_next_key IS NULL
        OR (p_outcome IN ('succeeded', 'failed') AND p_next_key <> p_idempotency_key) THEN
         UPDATE runledger.run_calls x
@@ -378,7 +383,7 @@ BEGIN
             completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
             completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
             completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
-        WHERE x.idempotency_key = p_idempotency_key AND x.run_id = p_run_id
+        WHERE x.idempotency_key = p_idempotency_key AND x.run_id IS NOT DISTINCT FROM p_run_id
           AND x.status = 'dispatched'
         RETURNING x.tool, x.attempts INTO v_tool, v_attempts;
         v_done := FOUND;

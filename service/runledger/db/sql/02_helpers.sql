@@ -471,6 +471,9 @@ $$;
 -- writes, claims' failover marking, the operator functions via _lock_run), and the caller
 -- holds it. Only when no row matched does the slow path lock and read the call, to refuse
 -- it with the exact error as before (a key that is invalid or of another run matches none).
+-- The run is compared with IS NOT DISTINCT FROM (run_id is NOT NULL: the same test) so
+-- that it is a filter: the row is found by its key's unique index, as _lock_call finds
+-- it, never by a scan of the run's calls through the primary key.
 CREATE FUNCTION runledger._dispatch(p_run_id text, p_key text, p_owner text,
                                     p_fencing_token bigint, p_state_version bigint,
                                     p_now timestamptz) RETURNS integer
@@ -486,7 +489,8 @@ BEGIN
     SET status = 'dispatched', attempts = x.attempts + 1, dispatched_token = p_fencing_token,
         dispatched_by = p_owner, dispatched_at = p_now
     FROM runledger.run_calls o
-    WHERE x.idempotency_key = p_key AND o.idempotency_key = p_key AND x.run_id = p_run_id
+    WHERE x.idempotency_key = p_key AND o.idempotency_key = p_key
+      AND x.run_id IS NOT DISTINCT FROM p_run_id
       AND x.status IN ('planned', 'dispatched') AND x.approval IS DISTINCT FROM 'pending'
     RETURNING x.tool, x.attempts, o.status INTO v_tool, v_attempt, v_previous;
     IF NOT FOUND THEN

@@ -573,7 +573,7 @@ BEGIN
         completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
         completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
         completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
-    WHERE x.idempotency_key = p_idempotency_key AND x.run_id = p_run_id
+    WHERE x.idempotency_key = p_idempotency_key AND x.run_id IS NOT DISTINCT FROM p_run_id
       AND x.status = 'dispatched'
     RETURNING x.tool, x.attempts INTO v_tool, v_attempts;
     IF NOT FOUND THEN
@@ -666,7 +666,8 @@ BEGIN
     -- would lock: every writer of a run's calls holds the run's row lock first, as
     -- this function does. Only when no row matched (an invalid key, a key of another
     -- run, a call not dispatched) or a next-call refusal is due does the path of
-    -- revision 0008 run, to refuse with the exact error in the same order.
+    -- revision 0008 run, to refuse with the exact error in the same order. The run is
+    -- a filter (IS NOT DISTINCT FROM), as in _dispatch: the row is found by its key.
     IF p_next_key IS NULL
        OR (p_outcome IN ('succeeded', 'failed') AND p_next_key <> p_idempotency_key) THEN
         UPDATE runledger.run_calls x
@@ -677,7 +678,7 @@ BEGIN
             completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
             completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
             completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
-        WHERE x.idempotency_key = p_idempotency_key AND x.run_id = p_run_id
+        WHERE x.idempotency_key = p_idempotency_key AND x.run_id IS NOT DISTINCT FROM p_run_id
           AND x.status = 'dispatched'
         RETURNING x.tool, x.attempts INTO v_tool, v_attempts;
         v_done := FOUND;
