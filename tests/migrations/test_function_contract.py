@@ -512,6 +512,7 @@ UNPINNED = {
     "runledger._notify_queued(text,text)",
     "runledger._lock_run(text)",
     "runledger._lock_leased_run(text,uuid,bigint)",
+    "runledger._lock_leased_run_at(text,uuid,bigint)",
     "runledger._lock_call(text,text)",
     "runledger._dispatch(text,text,text,bigint,bigint,timestamp with time zone)",
     "runledger._dispatch_each(runledger.runs,integer,text[],timestamp with time zone,bigint)",

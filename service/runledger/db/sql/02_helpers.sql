@@ -154,12 +154,14 @@ DECLARE
     v_cap integer;
     v_depth integer;
     v_size integer;
+    v_text text;
 BEGIN
     IF p_value IS NULL THEN
         RETURN;
     END IF;
     SELECT s.max_payload_bytes, s.max_json_depth INTO v_cap, v_depth FROM runledger.settings s;
-    v_size := octet_length(p_value::text);
+    v_text := p_value::text;
+    v_size := octet_length(v_text);
     IF v_size > coalesce(v_cap, 1048576) THEN
         PERFORM runledger._raise('RL006',
             format('%s is %s bytes, over the cap of %s bytes', p_what, v_size, v_cap),
@@ -168,8 +170,12 @@ BEGIN
     v_depth := coalesce(v_depth, 64) + p_wrap;
     -- A value deeper than v_depth has a container at level v_depth inside v_depth others:
     -- at least 2 * (v_depth + 1) characters of brackets. A shorter text cannot be too deep,
-    -- so the walk is skipped (revision 0007); the result is the same.
-    IF v_size >= 2 * (v_depth + 1) THEN
+    -- so the walk is skipped (revision 0007); the result is the same. Revision 0019: nor
+    -- can a text with at most v_depth opening brackets ('{' and '[', in strings too: one
+    -- for each object and array and maybe more), which the walk would cost far more to
+    -- find.
+    IF v_size >= 2 * (v_depth + 1)
+       AND v_size - octet_length(translate(v_text, '{[', '')) > v_depth THEN
         PERFORM runledger._check_json_depth(p_what, p_value, v_depth);
     END IF;
 END
@@ -368,15 +374,15 @@ BEGIN
 END
 $$;
 
--- Lock the run row, then check that (lease_id, fencing_token) is its current,
--- unexpired lease by the database clock read after the lock. Every worker write starts here.
-CREATE FUNCTION runledger._lock_leased_run(p_run_id text, p_lease_id uuid, p_fencing_token bigint)
-RETURNS runledger.runs
+-- Revision 0019: the lease check and the clock reading it made after the lock, for the
+-- callers that use the time as well: one reading per transaction instead of a second
+-- runledger.now() right after it (the same semantics: the clock is read once the row lock
+-- is held). _lock_leased_run is this function's run row.
+CREATE FUNCTION runledger._lock_leased_run_at(p_run_id text, p_lease_id uuid,
+                                              p_fencing_token bigint,
+                                              OUT r runledger.runs, OUT at timestamptz)
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    r runledger.runs;
-    v_now timestamptz;
 BEGIN
     -- _lock_run, inline (revision 0007): one indexed SELECT ... FOR NO KEY UPDATE
     SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id FOR NO KEY UPDATE;
@@ -387,7 +393,7 @@ BEGIN
     -- The clock is read once the row lock is held: a write that waited on the lock past
     -- the lease's expiry is refused. runledger.now() is VOLATILE, so under READ COMMITTED
     -- its query takes a new snapshot and sees a clock_offset committed during the wait.
-    v_now := runledger.now();
+    at := runledger.now();
     IF r.status <> 'running' OR r.lease_id IS DISTINCT FROM p_lease_id
        OR r.fencing_token IS DISTINCT FROM p_fencing_token THEN
         PERFORM runledger._raise('RL001',
@@ -399,13 +405,13 @@ BEGIN
                    r.fencing_token, coalesce(r.lease_owner, 'nobody')),
             'another worker took the run over, or an operator finished it: drop it and do not retry');
     END IF;
-    IF r.lease_expires_at <= v_now THEN
+    IF r.lease_expires_at <= at THEN
         PERFORM runledger._raise('RL001',
             format('lease expired on run %s: token %s', p_run_id, p_fencing_token),
             format('run %s is %s; seen lease %s token %s; current lease %s token %s held by %s '
                    'expired at %s, database clock is %s',
                    p_run_id, r.status, p_lease_id, p_fencing_token, r.lease_id, r.fencing_token,
-                   coalesce(r.lease_owner, 'nobody'), r.lease_expires_at, v_now),
+                   coalesce(r.lease_owner, 'nobody'), r.lease_expires_at, at),
             'renew leases more often than the lease length; the run will be claimed again');
     END IF;
     -- Revision 0010: a lease is good only on the timeline that granted it. After a
@@ -419,8 +425,17 @@ BEGIN
                    runledger._timeline(), runledger._token_floor()),
             'the database was promoted: drop the run, it will be claimed again');
     END IF;
-    RETURN r;
 END
+$$;
+
+-- Lock the run row, then check that (lease_id, fencing_token) is its current,
+-- unexpired lease by the database clock read after the lock. Every worker write starts
+-- here. Since revision 0019 the run row of _lock_leased_run_at (one body for both).
+CREATE FUNCTION runledger._lock_leased_run(p_run_id text, p_lease_id uuid, p_fencing_token bigint)
+RETURNS runledger.runs
+LANGUAGE sql
+AS $$
+    SELECT (runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token)).r
 $$;
 
 CREATE FUNCTION runledger._lock_call(p_run_id text, p_key text) RETURNS runledger.run_calls
@@ -446,9 +461,19 @@ $$;
 -- The dispatch of one call of a locked, leased run (revision 0009), the one place it is
 -- written: dispatch_call, complete_call_v2 (the next call) and record_turn_v4 (the first
 -- calls of a decision) call it after their lease check, with the clock they read after the
--- lock. It locks the call, refuses one that cannot be sent (final, unknown, awaiting
--- approval), marks it dispatched under the token and writes its call_dispatched event.
--- Returns the attempt number.
+-- lock. It refuses a call that cannot be sent (final, unknown, awaiting approval), marks
+-- it dispatched under the token and writes its call_dispatched event. Returns the attempt
+-- number.
+-- Revision 0019: one UPDATE ... RETURNING instead of SELECT ... FOR UPDATE and an UPDATE
+-- of the same row (the lock was one more heap write and WAL record). The self-join reads
+-- the status before the update (the event's previous_status): the row read is the row
+-- updated, since every writer of a run's calls holds the run's row lock first (leased
+-- writes, claims' failover marking, the operator functions via _lock_run), and the caller
+-- holds it. Only when no row matched does the slow path lock and read the call, to refuse
+-- it with the exact error as before (a key that is invalid or of another run matches none).
+-- The run is compared with IS NOT DISTINCT FROM (run_id is NOT NULL: the same test) so
+-- that it is a filter: the row is found by its key's unique index, as _lock_call finds
+-- it, never by a scan of the run's calls through the primary key.
 CREATE FUNCTION runledger._dispatch(p_run_id text, p_key text, p_owner text,
                                     p_fencing_token bigint, p_state_version bigint,
                                     p_now timestamptz) RETURNS integer
@@ -456,35 +481,53 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     c runledger.run_calls;
+    v_tool text;
+    v_attempt integer;
+    v_previous text;
 BEGIN
-    c := runledger._lock_call(p_run_id, p_key);
-    IF c.status NOT IN ('planned', 'dispatched') THEN
-        PERFORM runledger._raise('RL004',
-            format('call %s is %s and cannot be dispatched', p_key, c.status),
-            format('attempts %s, last token %s', c.attempts,
-                   coalesce(c.completed_token, c.dispatched_token)),
-            CASE c.status WHEN 'unknown'
-                 THEN 'an operator must resolve it (runledger resolve)'
-                 ELSE 'the call already has a final result: reuse it' END);
-    END IF;
-    IF c.approval = 'pending' THEN
-        PERFORM runledger._raise('RL004',
-            format('call %s awaits approval and cannot be dispatched', p_key),
-            format('tool %s, recorded in turn %s', c.tool, c.turn),
-            format('a person approves it (runledger approve %s) or denies it '
-                   '(runledger deny %s --reason ...); pause the run until then',
-                   p_key, p_key));
-    END IF;
-    UPDATE runledger.run_calls
-    SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
+    UPDATE runledger.run_calls x
+    SET status = 'dispatched', attempts = x.attempts + 1, dispatched_token = p_fencing_token,
         dispatched_by = p_owner, dispatched_at = p_now
-    WHERE idempotency_key = p_key AND status IN ('planned', 'dispatched')
-      AND approval IS DISTINCT FROM 'pending';
+    FROM runledger.run_calls o
+    WHERE x.idempotency_key = p_key AND o.idempotency_key = p_key
+      AND x.run_id IS NOT DISTINCT FROM p_run_id
+      AND x.status IN ('planned', 'dispatched') AND x.approval IS DISTINCT FROM 'pending'
+    RETURNING x.tool, x.attempts, o.status INTO v_tool, v_attempt, v_previous;
+    IF NOT FOUND THEN
+        c := runledger._lock_call(p_run_id, p_key);
+        IF c.status NOT IN ('planned', 'dispatched') THEN
+            PERFORM runledger._raise('RL004',
+                format('call %s is %s and cannot be dispatched', p_key, c.status),
+                format('attempts %s, last token %s', c.attempts,
+                       coalesce(c.completed_token, c.dispatched_token)),
+                CASE c.status WHEN 'unknown'
+                     THEN 'an operator must resolve it (runledger resolve)'
+                     ELSE 'the call already has a final result: reuse it' END);
+        END IF;
+        IF c.approval = 'pending' THEN
+            PERFORM runledger._raise('RL004',
+                format('call %s awaits approval and cannot be dispatched', p_key),
+                format('tool %s, recorded in turn %s', c.tool, c.turn),
+                format('a person approves it (runledger approve %s) or denies it '
+                       '(runledger deny %s --reason ...); pause the run until then',
+                       p_key, p_key));
+        END IF;
+        -- not reached while every writer of the run's calls holds the run's lock (a call
+        -- that passes the checks matched the UPDATE): the write as before 0019
+        UPDATE runledger.run_calls
+        SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
+            dispatched_by = p_owner, dispatched_at = p_now
+        WHERE idempotency_key = p_key AND status IN ('planned', 'dispatched')
+          AND approval IS DISTINCT FROM 'pending';
+        v_tool := c.tool;
+        v_attempt := c.attempts + 1;
+        v_previous := c.status;
+    END IF;
     PERFORM runledger._event(p_run_id, 'call_dispatched', p_owner, p_fencing_token,
-        p_state_version, jsonb_build_object('idempotency_key', p_key, 'tool', c.tool,
-                                            'attempt', c.attempts + 1,
-                                            'previous_status', c.status), p_now);
-    RETURN c.attempts + 1;
+        p_state_version, jsonb_build_object('idempotency_key', p_key, 'tool', v_tool,
+                                            'attempt', v_attempt,
+                                            'previous_status', v_previous), p_now);
+    RETURN v_attempt;
 END
 $$;
 

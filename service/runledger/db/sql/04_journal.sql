@@ -9,9 +9,14 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
+    v_lock record;
     r runledger.runs;
+    v_now timestamptz;
 BEGIN
-    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
+    -- the clock the lease check read after the lock (revision 0019)
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    r := v_lock.r;
+    v_now := v_lock.at;
     PERFORM runledger._check_json_object('state', p_state);
     IF p_expected_version IS DISTINCT FROM r.state_version THEN
         PERFORM runledger._raise('RL002',
@@ -22,10 +27,10 @@ BEGIN
     END IF;
     UPDATE runledger.runs
     SET state = p_state, state_version = r.state_version + 1, stalled_claims = 0,
-        updated_at = runledger.now()
+        updated_at = v_now
     WHERE run_id = p_run_id AND state_version = r.state_version AND lease_id = p_lease_id;
     PERFORM runledger._event(p_run_id, 'checkpoint', r.lease_owner, p_fencing_token,
-                             r.state_version + 1, '{}'::jsonb);
+                             r.state_version + 1, '{}'::jsonb, v_now);
     RETURN r.state_version + 1;
 END
 $$;
@@ -515,12 +520,12 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
-    r runledger.runs;
+    v_lock record;
 BEGIN
-    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    -- the clock after the lock, as the lease check
-    RETURN runledger._dispatch(p_run_id, p_idempotency_key, r.lease_owner, p_fencing_token,
-                               r.state_version, runledger.now());
+    -- the clock the lease check read after the lock (revision 0019)
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    RETURN runledger._dispatch(p_run_id, p_idempotency_key, (v_lock.r).lease_owner,
+                               p_fencing_token, (v_lock.r).state_version, v_lock.at);
 END
 $$;
 
@@ -532,26 +537,35 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
+    v_lock record;
     r runledger.runs;
     c runledger.run_calls;
     v_now timestamptz;
     v_detail jsonb;
+    v_tool text;
+    v_attempts integer;
 BEGIN
-    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    v_now := runledger.now();  -- after the lock, as the lease check
+    -- the clock the lease check read after the lock (revision 0019)
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    r := v_lock.r;
+    v_now := v_lock.at;
     -- not_applied: the effect certainly did not happen and the call will be sent again
     -- with the same key; it goes back to planned, so no one mistakes it for in flight.
-    PERFORM runledger._check_word('outcome', p_outcome,
-                                  ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
-    PERFORM runledger._check_json_value_or_null('result', p_result);
-    PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
-    c := runledger._lock_call(p_run_id, p_idempotency_key);
-    IF c.status <> 'dispatched' THEN
-        PERFORM runledger._raise('RL004',
-            format('call %s is %s, not dispatched', p_idempotency_key, c.status),
-            NULL, 'dispatch_call must be committed before the tool runs');
+    -- The checks' common cases inline, as complete_call_v2 (revision 0019).
+    IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed', 'unknown', 'not_applied') THEN
+        PERFORM runledger._check_word('outcome', p_outcome,
+                                      ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
     END IF;
-    UPDATE runledger.run_calls
+    IF p_result IS NOT NULL THEN
+        PERFORM runledger._check_json_value_or_null('result', p_result);
+    END IF;
+    IF p_receipt IS NOT NULL THEN
+        PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
+    END IF;
+    -- Revision 0019: the call's UPDATE first, one statement instead of SELECT ... FOR
+    -- UPDATE and an UPDATE of the same row, as complete_call_v2 (which says why it
+    -- is safe); the checks of _lock_call only when no row matched, to refuse.
+    UPDATE runledger.run_calls x
     SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
         result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
         receipt = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_receipt END,
@@ -559,7 +573,28 @@ BEGIN
         completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
         completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
         completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
-    WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
+    WHERE x.idempotency_key = p_idempotency_key AND x.run_id IS NOT DISTINCT FROM p_run_id
+      AND x.status = 'dispatched'
+    RETURNING x.tool, x.attempts INTO v_tool, v_attempts;
+    IF NOT FOUND THEN
+        c := runledger._lock_call(p_run_id, p_idempotency_key);
+        IF c.status <> 'dispatched' THEN
+            PERFORM runledger._raise('RL004',
+                format('call %s is %s, not dispatched', p_idempotency_key, c.status),
+                NULL, 'dispatch_call must be committed before the tool runs');
+        END IF;
+        UPDATE runledger.run_calls
+        SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
+            result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
+            receipt = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_receipt END,
+            error = CASE WHEN p_outcome = 'succeeded' THEN NULL ELSE p_result END,
+            completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
+            completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
+            completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
+        WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
+        v_tool := c.tool;
+        v_attempts := c.attempts;
+    END IF;
     -- progress: a run claimed again counts claims without it (crash_loop). The row is
     -- written only when there is a count to reset (revision 0009): after the first write
     -- of a lease there never is, and a call's own row carries its times.
@@ -567,21 +602,21 @@ BEGIN
         UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
         WHERE run_id = p_run_id AND lease_id = p_lease_id;
     END IF;
-    v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', c.tool,
-                                   'attempt', c.attempts);
+    v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', v_tool,
+                                   'attempt', v_attempts);
     CASE p_outcome
         WHEN 'succeeded' THEN
             PERFORM runledger._event(p_run_id, 'call_succeeded', r.lease_owner, p_fencing_token,
-                                     r.state_version, v_detail);
+                                     r.state_version, v_detail, v_now);
         WHEN 'failed' THEN
             PERFORM runledger._event(p_run_id, 'call_failed', r.lease_owner, p_fencing_token,
-                                     r.state_version, v_detail);
+                                     r.state_version, v_detail, v_now);
         WHEN 'unknown' THEN
             PERFORM runledger._event(p_run_id, 'call_unknown', r.lease_owner, p_fencing_token,
-                                     r.state_version, v_detail);
+                                     r.state_version, v_detail, v_now);
         WHEN 'not_applied' THEN
             PERFORM runledger._event(p_run_id, 'call_not_applied', r.lease_owner,
-                                     p_fencing_token, r.state_version, v_detail);
+                                     p_fencing_token, r.state_version, v_detail, v_now);
     END CASE;
 END
 $$;
@@ -600,45 +635,86 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
+    v_lock record;
     r runledger.runs;
     c runledger.run_calls;
     v_now timestamptz;
     v_detail jsonb;
+    v_tool text;
+    v_attempts integer;
+    v_done boolean := false;
 BEGIN
-    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    v_now := runledger.now();  -- after the lock, as the lease check
-    PERFORM runledger._check_word('outcome', p_outcome,
-                                  ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
-    PERFORM runledger._check_json_value_or_null('result', p_result);
-    PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
-    c := runledger._lock_call(p_run_id, p_idempotency_key);
-    IF c.status <> 'dispatched' THEN
-        PERFORM runledger._raise('RL004',
-            format('call %s is %s, not dispatched', p_idempotency_key, c.status),
-            NULL, 'dispatch_call must be committed before the tool runs');
+    -- the clock the lease check read after the lock (revision 0019)
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    r := v_lock.r;
+    v_now := v_lock.at;
+    -- the checks' common cases inline (revision 0019): a check helper runs only where it
+    -- refuses or has a value to measure, in the same order
+    IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed', 'unknown', 'not_applied') THEN
+        PERFORM runledger._check_word('outcome', p_outcome,
+                                      ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
     END IF;
-    IF p_next_key IS NOT NULL THEN
-        IF p_outcome NOT IN ('succeeded', 'failed') THEN
-            PERFORM runledger._raise('RL006',
-                format('the next call is dispatched only after a final outcome, not %s', p_outcome),
-                format('call %s, next call %s', p_idempotency_key, left(p_next_key, 300)),
-                'complete the call alone; the run pauses or sends it again');
-        END IF;
-        IF p_next_key = p_idempotency_key THEN
-            PERFORM runledger._raise('RL006',
-                format('call %s cannot be its own next call', p_idempotency_key), NULL, NULL);
-        END IF;
+    IF p_result IS NOT NULL THEN
+        PERFORM runledger._check_json_value_or_null('result', p_result);
     END IF;
+    IF p_receipt IS NOT NULL THEN
+        PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
+    END IF;
+    -- Revision 0019: the call's UPDATE first, one statement instead of SELECT ... FOR
+    -- UPDATE and an UPDATE of the same row (the lock was one more heap write and WAL
+    -- record), when the next call's arguments are fine. The call is the one _lock_call
+    -- would lock: every writer of a run's calls holds the run's row lock first, as
+    -- this function does. Only when no row matched (an invalid key, a key of another
+    -- run, a call not dispatched) or a next-call refusal is due does the path of
+    -- revision 0008 run, to refuse with the exact error in the same order. The run is
+    -- a filter (IS NOT DISTINCT FROM), as in _dispatch: the row is found by its key.
+    IF p_next_key IS NULL
+       OR (p_outcome IN ('succeeded', 'failed') AND p_next_key <> p_idempotency_key) THEN
+        UPDATE runledger.run_calls x
+        SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
+            result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
+            receipt = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_receipt END,
+            error = CASE WHEN p_outcome = 'succeeded' THEN NULL ELSE p_result END,
+            completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
+            completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
+            completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
+        WHERE x.idempotency_key = p_idempotency_key AND x.run_id IS NOT DISTINCT FROM p_run_id
+          AND x.status = 'dispatched'
+        RETURNING x.tool, x.attempts INTO v_tool, v_attempts;
+        v_done := FOUND;
+    END IF;
+    IF NOT v_done THEN
+        c := runledger._lock_call(p_run_id, p_idempotency_key);
+        IF c.status <> 'dispatched' THEN
+            PERFORM runledger._raise('RL004',
+                format('call %s is %s, not dispatched', p_idempotency_key, c.status),
+                NULL, 'dispatch_call must be committed before the tool runs');
+        END IF;
+        IF p_next_key IS NOT NULL THEN
+            IF p_outcome NOT IN ('succeeded', 'failed') THEN
+                PERFORM runledger._raise('RL006',
+                    format('the next call is dispatched only after a final outcome, not %s', p_outcome),
+                    format('call %s, next call %s', p_idempotency_key, left(p_next_key, 300)),
+                    'complete the call alone; the run pauses or sends it again');
+            END IF;
+            IF p_next_key = p_idempotency_key THEN
+                PERFORM runledger._raise('RL006',
+                    format('call %s cannot be its own next call', p_idempotency_key), NULL, NULL);
+            END IF;
+        END IF;
 
-    UPDATE runledger.run_calls
-    SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
-        result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
-        receipt = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_receipt END,
-        error = CASE WHEN p_outcome = 'succeeded' THEN NULL ELSE p_result END,
-        completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
-        completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
-        completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
-    WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
+        UPDATE runledger.run_calls
+        SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
+            result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
+            receipt = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_receipt END,
+            error = CASE WHEN p_outcome = 'succeeded' THEN NULL ELSE p_result END,
+            completed_token = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE p_fencing_token END,
+            completed_by = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE r.lease_owner END,
+            completed_at = CASE WHEN p_outcome = 'not_applied' THEN NULL ELSE v_now END
+        WHERE idempotency_key = p_idempotency_key AND status = 'dispatched';
+        v_tool := c.tool;
+        v_attempts := c.attempts;
+    END IF;
     -- progress: a run claimed again counts claims without it (crash_loop). The row is
     -- written only when there is a count to reset (revision 0009): after the first write
     -- of a lease there never is, and a call's own row carries its times.
@@ -646,8 +722,8 @@ BEGIN
         UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
         WHERE run_id = p_run_id AND lease_id = p_lease_id;
     END IF;
-    v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', c.tool,
-                                   'attempt', c.attempts);
+    v_detail := jsonb_build_object('idempotency_key', p_idempotency_key, 'tool', v_tool,
+                                   'attempt', v_attempts);
     CASE p_outcome
         WHEN 'succeeded' THEN
             PERFORM runledger._event(p_run_id, 'call_succeeded', r.lease_owner, p_fencing_token,
@@ -688,6 +764,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
+    v_lock record;
     r runledger.runs;
     c runledger.run_calls;
     v_now timestamptz;
@@ -698,8 +775,10 @@ DECLARE
     v_attempts integer[] := '{}';
     v_detail jsonb;
 BEGIN
-    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    v_now := runledger.now();  -- after the lock, as the lease check
+    -- the clock the lease check read after the lock (revision 0019)
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    r := v_lock.r;
+    v_now := v_lock.at;
     IF v_n < 1 OR v_n > 100 OR array_ndims(p_keys) <> 1 OR array_lower(p_keys, 1) <> 1 THEN
         PERFORM runledger._raise('RL006', 'complete_calls takes 1 to 100 calls',
             format('got %s key(s) in %s dimension(s)', v_n,
@@ -728,8 +807,13 @@ BEGIN
             PERFORM runledger._check_word('outcome', v_outcome,
                                           ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
         END IF;
-        PERFORM runledger._check_json_value_or_null('result', p_results[v_i]);
-        PERFORM runledger._check_json_object_or_null('receipt', p_receipts[v_i]);
+        -- as complete_call_v2 (revision 0019): a check helper runs only with a value
+        IF p_results[v_i] IS NOT NULL THEN
+            PERFORM runledger._check_json_value_or_null('result', p_results[v_i]);
+        END IF;
+        IF p_receipts[v_i] IS NOT NULL THEN
+            PERFORM runledger._check_json_object_or_null('receipt', p_receipts[v_i]);
+        END IF;
         IF p_keys[v_i] = ANY (p_keys[1:v_i - 1]) THEN
             PERFORM runledger._raise('RL006',
                 format('call %s appears twice in one completion', p_keys[v_i]), NULL,
@@ -804,13 +888,16 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 DECLARE
+    v_lock record;
     r runledger.runs;
     v_now timestamptz;
     v_open integer;
     v_detail jsonb;
 BEGIN
-    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    v_now := runledger.now();  -- after the lock, as the lease check
+    -- the clock the lease check read after the lock (revision 0019)
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    r := v_lock.r;
+    v_now := v_lock.at;
     PERFORM runledger._check_word('status', p_status, ARRAY['succeeded', 'failed', 'paused']);
     PERFORM runledger._check_json_value_or_null('result', p_result);
     PERFORM runledger._check_text('reason', p_reason, 0, runledger._cap('reason'));
@@ -849,13 +936,13 @@ BEGIN
     CASE p_status
         WHEN 'succeeded' THEN
             PERFORM runledger._event(p_run_id, 'run_succeeded', r.lease_owner, p_fencing_token,
-                                     r.state_version, v_detail);
+                                     r.state_version, v_detail, v_now);
         WHEN 'failed' THEN
             PERFORM runledger._event(p_run_id, 'run_failed', r.lease_owner, p_fencing_token,
-                                     r.state_version, v_detail);
+                                     r.state_version, v_detail, v_now);
         WHEN 'paused' THEN
             PERFORM runledger._event(p_run_id, 'run_paused', r.lease_owner, p_fencing_token,
-                                     r.state_version, v_detail);
+                                     r.state_version, v_detail, v_now);
     END CASE;
 END
 $$;
