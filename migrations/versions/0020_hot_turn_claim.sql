@@ -18,8 +18,11 @@ SET search_path = pg_catalog, runledger, pg_temp
 -- planner's estimate of a custom plan always beats that of the generic one, so the plan
 -- cache planned it anew each time: ~0.9 ms of planning for ~0.3 ms of work. The generic
 -- plan has the same shape (index-ordered scans, rows fetched by key), so the cost stays
--- flat with the backlog (bench/claim_scaling.py).
+-- flat with the backlog (bench/claim_scaling.py). Without JIT: not knowing the limits,
+-- the generic plan's estimate passes jit_above_cost from about a million queued runs on,
+-- and compiling it would cost ~70 ms a claim for well under a millisecond of work.
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
