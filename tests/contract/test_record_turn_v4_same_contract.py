@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from tests.migrations.helpers import MIGRATIONS
 
-from .helpers import Lease, call, complete, key, set_payload_cap, submit_and_claim
+from .helpers import Lease, complete, key, set_payload_cap, submit_and_claim
 
 Conn = psycopg.Connection[Any]
 
@@ -158,6 +158,14 @@ CASES: dict[str, dict[str, Any]] = {
     "a call id missing": {"calls": [{"tool": "t"}]},
     "a call id invalid": {"calls": [_c("bad id!")], "dispatch": ["bad id!"]},
     "a call id too long": {"calls": [_c("x" * 65)]},
+    "a call id of 64": {"calls": [_c("x" * 64)], "dispatch": ["x" * 64]},
+    "a call id starting with a dot": {"calls": [_c(".c0")]},
+    "a call id with a newline at its end": {"calls": [_c("c0\n")]},
+    "a call id empty": {"calls": [_c("")]},
+    "a tool of 128": {"calls": [_c("c0", "t" * 128)]},
+    "a tool of 129": {"calls": [_c("c0", "t" * 129)]},
+    "a tool starting with a digit": {"calls": [_c("c0", "1t")]},
+    "a tool not a string": {"calls": [_c("c0", ["t"])]},
     "a call id twice": {"calls": [_c("c0"), _c("c0")], "dispatch": ["c0"]},
     "a call id twice, and a bad tool first": {"calls": [_c("c0"), _c("c0", "bad tool")]},
     "a tool invalid": {"calls": [_c("c0", "bad tool")], "dispatch": ["c0"]},
@@ -215,7 +223,10 @@ LATER: dict[str, tuple[Callable[[Conn, Lease], None], dict[str, Any]]] = {
     "the next turn skipped": (_completed, {"calls": [_c("d0")], "turn": 2}),
     "the end": (_completed, {"calls": [], "turn": 1, "finish": True, "output": {"r": 1}}),
     "the end, its result counted": (_completed, {"calls": [], "turn": 1, "finish": True}),
-    "an earlier call to dispatch": (_completed, {"calls": [_c("d0")], "turn": 1, "dispatch": ["c0"]}),
+    "an earlier call to dispatch": (
+        _completed,
+        {"calls": [_c("d0")], "turn": 1, "dispatch": ["c0"]},
+    ),
 }
 
 
