@@ -40,6 +40,8 @@ TURNS = 3
 CALLS = 3
 FLOW = "bench-agent"
 SEQUENCE = "fast"
+# the claim of the fast and group sequences (--claim): the worker sends claim_runs_v4
+CLAIM = "claim_runs_v2"
 
 
 def living_sql_of(ref: str | None) -> str:
@@ -130,7 +132,7 @@ def one_fast_run(conn: psycopg.Connection[Any], worker: str) -> None:
     ).fetchone()[0]  # type: ignore[index]
     row = ex(
         "SELECT run_id, state_version, fencing_token, lease_id "
-        "FROM runledger.claim_runs_v2(%s, %s::text[], %s::interval, %s)",
+        f"FROM runledger.{CLAIM}(%s, %s::text[], %s::interval, %s)",
         (worker, [f"{FLOW}@1"], "30 seconds", 1),
     ).fetchone()
     assert row is not None, "nothing to claim"
@@ -193,7 +195,7 @@ def one_group_run(conn: psycopg.Connection[Any], worker: str) -> None:
     ).fetchone()[0]  # type: ignore[index]
     row = ex(
         "SELECT run_id, state_version, fencing_token, lease_id "
-        "FROM runledger.claim_runs_v2(%s, %s::text[], %s::interval, %s)",
+        f"FROM runledger.{CLAIM}(%s, %s::text[], %s::interval, %s)",
         (worker, [f"{FLOW}@1"], "30 seconds", 1),
     ).fetchone()
     assert row is not None, "nothing to claim"
@@ -301,10 +303,17 @@ def main() -> None:
         help="fast: what the worker sends since 0008; v2: one transaction per step, as before;"
         " group: a parallel flow's run (its group's results in one commit since 0018)",
     )
+    ap.add_argument(
+        "--claim",
+        choices=("claim_runs_v2", "claim_runs_v3", "claim_runs_v4"),
+        default="claim_runs_v2",
+        help="the claim of the fast and group sequences (the worker sends claim_runs_v4)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write raw numbers here")
     args = ap.parse_args()
-    global SEQUENCE
+    global SEQUENCE, CLAIM
     SEQUENCE = args.sequence
+    CLAIM = args.claim
     ref = (
         args.ref
         or subprocess.run(

@@ -288,33 +288,65 @@ AS $$
 DECLARE
     r runledger.runs;
     v_now timestamptz;
-    v_existing runledger.run_turns;
+    v_cap integer;
+    v_depth integer;
+    v_size integer;
     v_count integer;
+    v_found boolean;
+    v_calls jsonb;
+    v_record jsonb;
+    v_output jsonb;
     v_next integer;
     v_open integer;
     v_run_calls integer;
+    v_calls_ok boolean;
+    v_repeated boolean;
     v_bad record;
     v_version bigint;
     v_id text;
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
     v_now := runledger.now();  -- after the lock, as the lease check
-    PERFORM runledger._check_json_value('calls', p_calls, 2);
+    -- Revision 0020: the JSON checks of _check_json_value and _check_json_object_or_null
+    -- with the settings read once. A value that may be refused (over the cap, or long
+    -- enough to nest too deep) goes through the helper itself, which refuses it with its
+    -- own message; the rest pass here as they would there. (A NULL passes every IF below:
+    -- record, output and state may be NULL.)
+    SELECT s.max_payload_bytes, s.max_json_depth INTO v_cap, v_depth FROM runledger.settings s;
+    v_cap := coalesce(v_cap, 1048576);
+    v_depth := coalesce(v_depth, 64);
+    v_size := octet_length(p_calls::text);
+    IF p_calls IS NULL OR v_size > v_cap THEN
+        PERFORM runledger._check_json_value('calls', p_calls, 2);
+    ELSIF v_size >= 2 * (v_depth + 2 + 1) THEN
+        -- each call's args may nest as deep as any JSON value: the array and the call
+        -- object around them are two levels of the contract's own
+        PERFORM runledger._check_json_depth('calls', p_calls, v_depth + 2);
+    END IF;
     IF jsonb_typeof(p_calls) <> 'array' THEN
         PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
     END IF;
     IF p_turn IS NULL OR p_turn < 0 THEN
         PERFORM runledger._raise('RL006', 'turn must be a non-negative integer', NULL, NULL);
     END IF;
-    PERFORM runledger._check_json_object_or_null('record', p_record);
-    PERFORM runledger._check_json_value_or_null('output', p_output);
+    v_size := octet_length(p_record::text);
+    IF jsonb_typeof(p_record) <> 'object' OR v_size > v_cap OR v_size >= 2 * (v_depth + 1) THEN
+        PERFORM runledger._check_json_object_or_null('record', p_record);
+    END IF;
+    v_size := octet_length(p_output::text);
+    IF v_size > v_cap OR v_size >= 2 * (v_depth + 1) THEN
+        PERFORM runledger._check_json_value_or_null('output', p_output);
+    END IF;
     v_count := jsonb_array_length(p_calls);
     IF p_output IS NOT NULL AND v_count > 0 THEN
         PERFORM runledger._raise('RL006', 'output is the final decision''s: it needs empty calls',
             format('turn %s has %s call(s)', p_turn, v_count),
             'send the output with the decision that ends the run');
     END IF;
-    PERFORM runledger._check_json_object_or_null('state', p_state);
+    v_size := octet_length(p_state::text);
+    IF jsonb_typeof(p_state) <> 'object' OR v_size > v_cap OR v_size >= 2 * (v_depth + 1) THEN
+        PERFORM runledger._check_json_object_or_null('state', p_state);
+    END IF;
     IF p_finish IS NULL THEN
         PERFORM runledger._raise('RL006', 'finish must not be null', NULL,
             'true ends the run with the final decision, false records the turn only');
@@ -324,29 +356,66 @@ BEGIN
             format('turn %s has %s call(s)', p_turn, v_count), NULL);
     END IF;
     -- the calls to dispatch: distinct call ids of this decision (checked as calls are below;
-    -- an id that is not one of them matches none)
+    -- an id that is not one of them matches none). Revision 0020: one id is distinct
+    -- without a count, and a call object with that string id (containment, no query)
+    -- settles it; anything else takes the queries.
     IF p_dispatch IS NOT NULL AND cardinality(p_dispatch) > 0 THEN
-        IF array_position(p_dispatch, NULL) IS NOT NULL
-           OR cardinality(p_dispatch) > (SELECT count(DISTINCT u) FROM unnest(p_dispatch) u) THEN
+        v_repeated := array_position(p_dispatch, NULL) IS NOT NULL;
+        IF NOT v_repeated AND cardinality(p_dispatch) > 1 THEN
+            v_repeated := cardinality(p_dispatch)
+                          > (SELECT count(DISTINCT u) FROM unnest(p_dispatch) u);
+        END IF;
+        IF v_repeated THEN
             PERFORM runledger._raise('RL006', 'dispatch must list distinct call ids, none null',
                 format('got %s', left(array_to_string(p_dispatch, ', ', 'NULL'), 300)), NULL);
         END IF;
-        SELECT u INTO v_id FROM unnest(p_dispatch) u
-        WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_calls) e
-                          WHERE jsonb_typeof(e) = 'object' AND e ->> 'call_id' = u)
-        LIMIT 1;
-        IF FOUND THEN
-            PERFORM runledger._raise('RL006',
-                format('call %s to dispatch is not a call of turn %s', left(v_id, 100), p_turn),
-                'dispatch names call ids of the decision it comes with', NULL);
+        IF cardinality(p_dispatch) > 1
+           OR NOT p_calls @> jsonb_build_array(jsonb_build_object('call_id', p_dispatch[1])) THEN
+            SELECT u INTO v_id FROM unnest(p_dispatch) u
+            WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_calls) e
+                              WHERE jsonb_typeof(e) = 'object' AND e ->> 'call_id' = u)
+            LIMIT 1;
+            IF FOUND THEN
+                PERFORM runledger._raise('RL006',
+                    format('call %s to dispatch is not a call of turn %s', left(v_id, 100), p_turn),
+                    'dispatch names call ids of the decision it comes with', NULL);
+            END IF;
         END IF;
     END IF;
 
-    SELECT t.* INTO v_existing FROM runledger.run_turns t
-    WHERE t.run_id = p_run_id AND t.turn = p_turn;
-    IF FOUND THEN
-        IF v_existing.calls = p_calls AND v_existing.record IS NOT DISTINCT FROM p_record
-           AND v_existing.output IS NOT DISTINCT FROM p_output THEN
+    -- Revision 0020: what the checks below read, in one statement: the turn p_turn if it
+    -- is recorded, the next turn, the run's open calls and all its calls, and whether
+    -- every call passes the checks of the call loop (then the query that finds the first
+    -- problem is not run). Each is used in the order of the checks, as before. The patterns
+    -- are those of the checks with the length tested apart: a bounded repetition ({0,63})
+    -- costs the regex engine several times more than a star.
+    SELECT t.turn IS NOT NULL, t.calls, t.record, t.output, n.next, k.open, k.total, v.ok
+    INTO v_found, v_calls, v_record, v_output, v_next, v_open, v_run_calls, v_calls_ok
+    FROM (SELECT coalesce(max(x.turn) + 1, 0) AS next FROM runledger.run_turns x
+          WHERE x.run_id = p_run_id) n
+    CROSS JOIN (SELECT count(*) FILTER (WHERE c.status NOT IN ('succeeded', 'failed')) AS open,
+                       count(*) AS total
+                FROM runledger.run_calls c WHERE c.run_id = p_run_id) k
+    CROSS JOIN (SELECT count(*) = 0 OR (bool_and(coalesce(
+                    jsonb_typeof(e) = 'object'
+                    AND jsonb_typeof(e -> 'call_id') = 'string'
+                    AND (e ->> 'call_id') ~ '^[A-Za-z0-9][A-Za-z0-9._-]*$'
+                    AND length(e ->> 'call_id') <= 64
+                    AND jsonb_typeof(e -> 'tool') = 'string'
+                    AND (e ->> 'tool') ~ '^[A-Za-z_][A-Za-z0-9._-]*$'
+                    AND length(e ->> 'tool') <= 128
+                    AND jsonb_typeof(coalesce(e -> 'args', '{}'::jsonb)) = 'object'
+                    AND coalesce(jsonb_typeof(e -> 'provider_id'), 'null') IN ('null', 'string')
+                    AND (jsonb_typeof(e -> 'provider_id') IS DISTINCT FROM 'string'
+                         OR length(e ->> 'provider_id') BETWEEN 1 AND runledger._cap('provider_id'))
+                    AND (NOT e ? 'approval' OR jsonb_typeof(e -> 'approval') = 'boolean'),
+                    false))
+                    AND count(DISTINCT e ->> 'call_id') = count(*)) AS ok
+                FROM jsonb_array_elements(p_calls) e) v
+    LEFT JOIN runledger.run_turns t ON t.run_id = p_run_id AND t.turn = p_turn;
+    IF v_found THEN
+        IF v_calls = p_calls AND v_record IS NOT DISTINCT FROM p_record
+           AND v_output IS NOT DISTINCT FROM p_output THEN
             -- the same decision again: nothing of it is written again; its calls to
             -- dispatch are, as dispatch_call would
             state_version := r.state_version;
@@ -356,7 +425,7 @@ BEGIN
         END IF;
         PERFORM runledger._raise('RL004',
             format('turn %s of run %s is already recorded with another decision', p_turn, p_run_id),
-            CASE WHEN v_existing.calls = p_calls THEN 'the calls are the same; the record or the output differ'
+            CASE WHEN v_calls = p_calls THEN 'the calls are the same; the record or the output differ'
                  ELSE 'the calls differ' END,
             'a recorded decision is never replaced: replay it');
     END IF;
@@ -367,17 +436,11 @@ BEGIN
                    coalesce(p_expected_version::text, 'NULL'), r.state_version, p_fencing_token),
             'reload the run state and decide again');
     END IF;
-
-    SELECT coalesce(max(t.turn) + 1, 0) INTO v_next FROM runledger.run_turns t
-    WHERE t.run_id = p_run_id;
     IF p_turn <> v_next THEN
         PERFORM runledger._raise('RL004',
             format('turn %s of run %s is out of order', p_turn, p_run_id),
             format('the next turn to record is %s', v_next), NULL);
     END IF;
-    SELECT count(*) FILTER (WHERE c.status NOT IN ('succeeded', 'failed')), count(*)
-    INTO v_open, v_run_calls
-    FROM runledger.run_calls c WHERE c.run_id = p_run_id;
     IF v_open > 0 THEN
         PERFORM runledger._raise('RL004',
             format('run %s has %s call(s) without a final result', p_run_id, v_open),
@@ -387,62 +450,64 @@ BEGIN
     -- One pass over the calls: the first one (in order) with a problem, and its first
     -- problem in record_turn_v2's order. A repeated call id is one whose earlier twin came
     -- first; every call before the first bad one is good, as in the loop.
-    SELECT x.c, x.problem INTO v_bad FROM (
-        SELECT e.c, e.pos, CASE
-            WHEN jsonb_typeof(e.c) <> 'object' THEN 'object'
-            WHEN jsonb_typeof(e.c -> 'call_id') IS DISTINCT FROM 'string'
-                 OR (e.c ->> 'call_id') !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' THEN 'call_id'
-            WHEN e.seen > 1 THEN 'twice'
-            WHEN jsonb_typeof(e.c -> 'tool') IS DISTINCT FROM 'string'
-                 OR (e.c ->> 'tool') !~ '^[A-Za-z_][A-Za-z0-9._-]{0,127}$' THEN 'tool'
-            WHEN jsonb_typeof(coalesce(e.c -> 'args', '{}'::jsonb)) <> 'object' THEN 'args'
-            WHEN coalesce(jsonb_typeof(e.c -> 'provider_id'), 'null') NOT IN ('null', 'string')
-                 THEN 'provider_type'
-            WHEN jsonb_typeof(e.c -> 'provider_id') = 'string'
-                 AND length(e.c ->> 'provider_id') NOT BETWEEN 1 AND runledger._cap('provider_id')
-                 THEN 'provider_id'
-            WHEN e.c ? 'approval' AND jsonb_typeof(e.c -> 'approval') <> 'boolean' THEN 'approval'
-        END AS problem
-        FROM (SELECT a.c, a.pos,
-                     count(*) OVER (PARTITION BY a.c ->> 'call_id' ORDER BY a.pos) AS seen
-              FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS a(c, pos)) e
-    ) x
-    WHERE x.problem IS NOT NULL
-    ORDER BY x.pos
-    LIMIT 1;
-    IF FOUND THEN
-        CASE v_bad.problem
-            WHEN 'object' THEN
-                PERFORM runledger._raise('RL006', 'each call must be a JSON object', NULL, NULL);
-            WHEN 'call_id' THEN
-                PERFORM runledger._raise('RL006',
-                    format('invalid call id %s', coalesce(left(v_bad.c ->> 'call_id', 100), 'NULL')),
-                    'a call id is 1-64 characters of [A-Za-z0-9._-]', NULL);
-            WHEN 'twice' THEN
-                PERFORM runledger._raise('RL006',
-                    format('call id %s appears twice in turn %s', v_bad.c ->> 'call_id', p_turn),
-                    NULL, NULL);
-            WHEN 'tool' THEN
-                PERFORM runledger._raise('RL006',
-                    format('invalid tool name %s', coalesce(left(v_bad.c ->> 'tool', 100), 'NULL')),
-                    NULL, NULL);
-            WHEN 'args' THEN
-                PERFORM runledger._raise('RL006',
-                    format('args of call %s must be a JSON object', v_bad.c ->> 'call_id'),
-                    NULL, NULL);
-            WHEN 'provider_type' THEN
-                PERFORM runledger._raise('RL006',
-                    format('provider id of call %s must be a string or null', v_bad.c ->> 'call_id'),
-                    NULL, NULL);
-            WHEN 'provider_id' THEN
-                PERFORM runledger._check_text('provider id', v_bad.c ->> 'provider_id', 1,
-                                              runledger._cap('provider_id'));
-            ELSE
-                PERFORM runledger._raise('RL006',
-                    format('approval of call %s must be true or false', v_bad.c ->> 'call_id'),
-                    format('got %s', left((v_bad.c -> 'approval')::text, 100)),
-                    'leave "approval" out for a call that needs none');
-        END CASE;
+    IF v_calls_ok IS NOT TRUE THEN
+        SELECT x.c, x.problem INTO v_bad FROM (
+            SELECT e.c, e.pos, CASE
+                WHEN jsonb_typeof(e.c) <> 'object' THEN 'object'
+                WHEN jsonb_typeof(e.c -> 'call_id') IS DISTINCT FROM 'string'
+                     OR (e.c ->> 'call_id') !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' THEN 'call_id'
+                WHEN e.seen > 1 THEN 'twice'
+                WHEN jsonb_typeof(e.c -> 'tool') IS DISTINCT FROM 'string'
+                     OR (e.c ->> 'tool') !~ '^[A-Za-z_][A-Za-z0-9._-]{0,127}$' THEN 'tool'
+                WHEN jsonb_typeof(coalesce(e.c -> 'args', '{}'::jsonb)) <> 'object' THEN 'args'
+                WHEN coalesce(jsonb_typeof(e.c -> 'provider_id'), 'null') NOT IN ('null', 'string')
+                     THEN 'provider_type'
+                WHEN jsonb_typeof(e.c -> 'provider_id') = 'string'
+                     AND length(e.c ->> 'provider_id') NOT BETWEEN 1 AND runledger._cap('provider_id')
+                     THEN 'provider_id'
+                WHEN e.c ? 'approval' AND jsonb_typeof(e.c -> 'approval') <> 'boolean' THEN 'approval'
+            END AS problem
+            FROM (SELECT a.c, a.pos,
+                         count(*) OVER (PARTITION BY a.c ->> 'call_id' ORDER BY a.pos) AS seen
+                  FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS a(c, pos)) e
+        ) x
+        WHERE x.problem IS NOT NULL
+        ORDER BY x.pos
+        LIMIT 1;
+        IF FOUND THEN
+            CASE v_bad.problem
+                WHEN 'object' THEN
+                    PERFORM runledger._raise('RL006', 'each call must be a JSON object', NULL, NULL);
+                WHEN 'call_id' THEN
+                    PERFORM runledger._raise('RL006',
+                        format('invalid call id %s', coalesce(left(v_bad.c ->> 'call_id', 100), 'NULL')),
+                        'a call id is 1-64 characters of [A-Za-z0-9._-]', NULL);
+                WHEN 'twice' THEN
+                    PERFORM runledger._raise('RL006',
+                        format('call id %s appears twice in turn %s', v_bad.c ->> 'call_id', p_turn),
+                        NULL, NULL);
+                WHEN 'tool' THEN
+                    PERFORM runledger._raise('RL006',
+                        format('invalid tool name %s', coalesce(left(v_bad.c ->> 'tool', 100), 'NULL')),
+                        NULL, NULL);
+                WHEN 'args' THEN
+                    PERFORM runledger._raise('RL006',
+                        format('args of call %s must be a JSON object', v_bad.c ->> 'call_id'),
+                        NULL, NULL);
+                WHEN 'provider_type' THEN
+                    PERFORM runledger._raise('RL006',
+                        format('provider id of call %s must be a string or null', v_bad.c ->> 'call_id'),
+                        NULL, NULL);
+                WHEN 'provider_id' THEN
+                    PERFORM runledger._check_text('provider id', v_bad.c ->> 'provider_id', 1,
+                                                  runledger._cap('provider_id'));
+                ELSE
+                    PERFORM runledger._raise('RL006',
+                        format('approval of call %s must be true or false', v_bad.c ->> 'call_id'),
+                        format('got %s', left((v_bad.c -> 'approval')::text, 100)),
+                        'leave "approval" out for a call that needs none');
+            END CASE;
+        END IF;
     END IF;
 
     v_version := r.state_version + CASE WHEN p_state IS NULL THEN 0 ELSE 1 END;
@@ -486,7 +551,13 @@ BEGIN
                                  v_version, '{}'::jsonb, v_now);
     END IF;
     state_version := v_version;
-    attempts := runledger._dispatch_each(r, p_turn, p_dispatch, v_now, v_version);
+    IF cardinality(p_dispatch) = 1 THEN
+        -- one call (revision 0020): what _dispatch_each does for it, one call layer less
+        attempts := ARRAY[runledger._dispatch(p_run_id, p_run_id || ':' || p_turn || ':' || p_dispatch[1],
+                                              r.lease_owner, r.fencing_token, v_version, v_now)];
+    ELSE
+        attempts := runledger._dispatch_each(r, p_turn, p_dispatch, v_now, v_version);
+    END IF;
     RETURN NEXT;
 END
 $$;
