@@ -392,8 +392,14 @@ async def test_the_worker_command_makes_its_worker_from_settings(
     from tests.integration.conftest import RunningWorker
 
     made: list[Worker] = []
+    loops: list[str] = []
     logging_args: list[tuple[str, bool]] = []
-    monkeypatch.setattr(worker_module, "run_worker", made.append)
+
+    def run_worker(w: Worker, event_loop: str) -> None:
+        made.append(w)
+        loops.append(event_loop)
+
+    monkeypatch.setattr(worker_module, "run_worker", run_worker)
     monkeypatch.setattr(
         worker_module, "configure_logging", lambda level, js: logging_args.append((level, js))
     )
@@ -415,6 +421,7 @@ async def test_the_worker_command_makes_its_worker_from_settings(
     )
     assert result.exit_code == 0, result.output
     [w] = made
+    assert loops == ["auto"]
     assert logging_args == [("WARNING", True)]
     assert list(w.flows) == ["env-flow@1"]
     assert (w.worker_id, w.concurrency, w.lease_seconds, w.poll_seconds, w.grace_seconds) == (
