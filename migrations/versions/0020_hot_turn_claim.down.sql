@@ -1,4 +1,5 @@
--- runledger 0020 down: back to 0019 exactly (claim_runs and record_turn_v4 as they were since 0018).
+-- runledger 0020 down: back to 0019 exactly (claim_runs, claim_runs_v2, v3, v4 and
+-- record_turn_v4 as they were; no _claim).
 
 CREATE OR REPLACE FUNCTION runledger.claim_runs(p_worker_id text, p_flows text[], p_lease interval,
                                      p_max_runs int)
@@ -417,3 +418,93 @@ BEGIN
     RETURN NEXT;
 END
 $$;
+
+-- claim_runs_v2 and v3 as they were (before their bodies became selections of _claim)
+CREATE OR REPLACE FUNCTION runledger.claim_runs_v2(p_worker_id text, p_flows text[], p_lease interval,
+                                        p_max_runs int)
+RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
+               state_version bigint, fencing_token bigint, lease_id uuid,
+               lease_expires_at timestamptz, takeover boolean, stalled_claims integer,
+               turns json, calls json)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_claim record;
+BEGIN
+    -- each statement of the loop sees what claim_runs wrote (a later command)
+    FOR v_claim IN SELECT * FROM runledger.claim_runs(p_worker_id, p_flows, p_lease, p_max_runs)
+    LOOP
+        SELECT r.stalled_claims,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls,
+                                                              'record', t.record,
+                                                              'output', t.output)
+                                            ORDER BY t.turn), '[]'::json)
+                   FROM runledger.run_turns t WHERE t.run_id = r.run_id) END,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json)
+                   FROM runledger.run_calls c WHERE c.run_id = r.run_id) END
+        INTO stalled_claims, turns, calls
+        FROM runledger.runs r WHERE r.run_id = v_claim.run_id;
+        run_id := v_claim.run_id;
+        flow := v_claim.flow;
+        flow_version := v_claim.flow_version;
+        input := v_claim.input;
+        state := v_claim.state;
+        state_version := v_claim.state_version;
+        fencing_token := v_claim.fencing_token;
+        lease_id := v_claim.lease_id;
+        lease_expires_at := v_claim.lease_expires_at;
+        takeover := v_claim.takeover;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION runledger.claim_runs_v3(p_worker_id text, p_flows text[], p_lease interval,
+                                        p_max_runs int)
+RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
+               state_version bigint, fencing_token bigint, lease_id uuid,
+               lease_expires_at timestamptz, takeover boolean, stalled_claims integer,
+               turns json, calls json, failover_turn integer)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_claim record;
+BEGIN
+    -- each statement of the loop sees what claim_runs wrote (a later command)
+    FOR v_claim IN SELECT * FROM runledger.claim_runs(p_worker_id, p_flows, p_lease, p_max_runs)
+    LOOP
+        SELECT r.stalled_claims,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(json_build_object('turn', t.turn, 'calls', t.calls,
+                                                              'record', t.record,
+                                                              'output', t.output)
+                                            ORDER BY t.turn), '[]'::json)
+                   FROM runledger.run_turns t WHERE t.run_id = r.run_id) END,
+               CASE WHEN r.stalled_claims <= 1 THEN (
+                   SELECT coalesce(json_agg(c ORDER BY c.turn, c.position), '[]'::json)
+                   FROM runledger.run_calls c WHERE c.run_id = r.run_id) END,
+               (SELECT min(f.turn) FROM runledger.failover_runs f WHERE f.run_id = r.run_id)
+        INTO stalled_claims, turns, calls, failover_turn
+        FROM runledger.runs r WHERE r.run_id = v_claim.run_id;
+        run_id := v_claim.run_id;
+        flow := v_claim.flow;
+        flow_version := v_claim.flow_version;
+        input := v_claim.input;
+        state := v_claim.state;
+        state_version := v_claim.state_version;
+        fencing_token := v_claim.fencing_token;
+        lease_id := v_claim.lease_id;
+        lease_expires_at := v_claim.lease_expires_at;
+        takeover := v_claim.takeover;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+DROP FUNCTION runledger._claim(text, text[], interval, integer, boolean);

@@ -1,8 +1,10 @@
-"""The hot path's SQL, cheaper (issue "The hot path"): ``claim_runs`` plans its claim
-statement once per session (``plan_cache_mode = force_generic_plan``) instead of at every
-call, and ``record_turn_v4`` reads what its checks need in one statement and skips the
-checks' queries in the common case. Same signatures, results, errors, rows and events.
-The downgrade restores both bodies of 0018 (unchanged in 0019).
+"""The hot path's SQL, cheaper (issue "The hot path"): the claim has one body,
+``_claim``, whose columns ``claim_runs`` and ``claim_runs_v2``, ``v3`` and ``v4`` select;
+it plans its claim statement once per session (``plan_cache_mode = force_generic_plan``)
+instead of at every call and reads the worker's per-run journal in that statement; and
+``record_turn_v4`` reads what its checks need in one statement and skips the checks'
+queries in the common case. Same signatures, results, errors, rows and events.
+The downgrade restores the bodies of 0019 and drops ``_claim``.
 
 Revision ID: 0020
 Revises: 0019

@@ -63,8 +63,10 @@ def test_the_snapshot_sees_the_whole_contract(upgraded: Snapshot) -> None:
     functions = upgraded["functions"]
     assert "runledger.claim_runs(text,text[],interval,integer)" in functions
     assert "runledger.release_lease(text,uuid,bigint,text,jsonb)" in functions
-    definition = functions["runledger.claim_runs(text,text[],interval,integer)"][0]
+    # the claim's body (since revision 0020 in _claim, which claim_runs selects from)
+    definition = functions["runledger._claim(text,text[],interval,integer,boolean)"][0]
     assert "FOR NO KEY UPDATE OF c SKIP LOCKED" in definition
+    assert "runledger._claim(" in functions["runledger.claim_runs(text,text[],interval,integer)"][0]
     assert "runledger_worker:EXECUTE by <owner>" in functions["runledger.now()"][-1]
     assert {"runs", "run_events_event_id_seq", "pk_runs", "alembic_version"} <= set(
         upgraded["relations"]

@@ -523,6 +523,7 @@ UNPINNED = {
     "runledger._lock_awaiting_call(text)",
     "runledger._prune_authorized()",
     "runledger._gone_sessions()",  # revision 0011
+    "runledger._claim(text,text[],interval,integer,boolean)",  # revision 0020
     "runledger._register_worker(text,text,integer,text[],bigint)",  # revision 0011
     "runledger._event_hash(bytea,bigint,text,timestamp with time zone,text,text,bigint,bigint,"
     "jsonb)",  # revision 0016
