@@ -20,7 +20,8 @@
 --                    _notify_queued; locks (_lock_run, _lock_leased_run,
 --                    _lock_leased_run_at (0019), _lock_call); _dispatch, _dispatch_each;
 --                    timelines (_timeline, _token_floor)
---   03_leases.sql    submit_run, submit_run_v2, _note_timeline (failover detection),
+--   03_leases.sql    submit_run, submit_run_v2, _note_timeline (failover detection), _claim
+--                    (the one body of the claims, 0020),
 --                    _gone_sessions (session locks), claim_runs, claim_runs_v2,
 --                    claim_runs_v3, claim_runs_v4, renew_leases, release_lease (3 and 5 arguments); worker registry:
 --                    register_worker, register_worker_v2, heartbeat_listener,
