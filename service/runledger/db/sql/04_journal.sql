@@ -288,9 +288,6 @@ AS $$
 DECLARE
     r runledger.runs;
     v_now timestamptz;
-    v_cap integer;
-    v_depth integer;
-    v_size integer;
     v_count integer;
     v_found boolean;
     v_calls jsonb;
@@ -307,34 +304,17 @@ DECLARE
 BEGIN
     r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
     v_now := runledger.now();  -- after the lock, as the lease check
-    -- Revision 0020: the JSON checks of _check_json_value and _check_json_object_or_null
-    -- with the settings read once. A value that may be refused (over the cap, or long
-    -- enough to nest too deep) goes through the helper itself, which refuses it with its
-    -- own message; the rest pass here as they would there. (A NULL passes every IF below:
-    -- record, output and state may be NULL.)
-    SELECT s.max_payload_bytes, s.max_json_depth INTO v_cap, v_depth FROM runledger.settings s;
-    v_cap := coalesce(v_cap, 1048576);
-    v_depth := coalesce(v_depth, 64);
-    v_size := octet_length(p_calls::text);
-    IF p_calls IS NULL OR v_size > v_cap THEN
-        PERFORM runledger._check_json_value('calls', p_calls, 2);
-    ELSIF v_size >= 2 * (v_depth + 2 + 1) THEN
-        -- each call's args may nest as deep as any JSON value: the array and the call
-        -- object around them are two levels of the contract's own
-        PERFORM runledger._check_json_depth('calls', p_calls, v_depth + 2);
-    END IF;
+    PERFORM runledger._check_json_value('calls', p_calls, 2);
     IF jsonb_typeof(p_calls) <> 'array' THEN
         PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
     END IF;
     IF p_turn IS NULL OR p_turn < 0 THEN
         PERFORM runledger._raise('RL006', 'turn must be a non-negative integer', NULL, NULL);
     END IF;
-    v_size := octet_length(p_record::text);
-    IF jsonb_typeof(p_record) <> 'object' OR v_size > v_cap OR v_size >= 2 * (v_depth + 1) THEN
+    IF p_record IS NOT NULL THEN
         PERFORM runledger._check_json_object_or_null('record', p_record);
     END IF;
-    v_size := octet_length(p_output::text);
-    IF v_size > v_cap OR v_size >= 2 * (v_depth + 1) THEN
+    IF p_output IS NOT NULL THEN
         PERFORM runledger._check_json_value_or_null('output', p_output);
     END IF;
     v_count := jsonb_array_length(p_calls);
@@ -343,8 +323,7 @@ BEGIN
             format('turn %s has %s call(s)', p_turn, v_count),
             'send the output with the decision that ends the run');
     END IF;
-    v_size := octet_length(p_state::text);
-    IF jsonb_typeof(p_state) <> 'object' OR v_size > v_cap OR v_size >= 2 * (v_depth + 1) THEN
+    IF p_state IS NOT NULL THEN
         PERFORM runledger._check_json_object_or_null('state', p_state);
     END IF;
     IF p_finish IS NULL THEN
