@@ -323,6 +323,17 @@ class _Pin:
 _PINNED: ContextVar[_Pin | None] = ContextVar("runledger_pinned", default=None)
 
 
+async def _send(
+    conn: psycopg.AsyncConnection[Any], sql: LiteralString | wire.Prepared, params: Sequence[Any]
+) -> list[Row]:
+    """One statement on ``conn``: a hot-path one without a cursor (runledger.db.wire)."""
+    if isinstance(sql, wire.Prepared):
+        return await wire.execute(conn, sql, params)
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql, params)
+        return await cur.fetchall() if cur.description else []
+
+
 class Executor:
     """The pool and the retry loop every statement of the store goes through."""
 
@@ -353,11 +364,7 @@ class Executor:
             pin.users += 1
             lost = False
             try:
-                if isinstance(sql, wire.Prepared):
-                    return await wire.execute(conn, sql, params)
-                async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(sql, params)
-                    return await cur.fetchall() if cur.description else []
+                return await _send(conn, sql, params)
             except psycopg.Error as exc:
                 lost = is_connection_error(exc) or conn.closed or conn.broken
                 raise
@@ -367,11 +374,7 @@ class Executor:
             finally:
                 await pin.done_with(lost)
         async with self.pool.connection() as conn:
-            if isinstance(sql, wire.Prepared):
-                return await wire.execute(conn, sql, params)
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(sql, params)
-                return await cur.fetchall() if cur.description else []
+            return await _send(conn, sql, params)
 
     @contextlib.asynccontextmanager
     async def pinned(self) -> AsyncIterator[None]:

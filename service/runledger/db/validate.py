@@ -78,31 +78,6 @@ def check_int32(what: str, value: object) -> int:
     return number
 
 
-def _fine(value: Any, max_depth: int) -> bool:
-    """Whether :func:`_walk` would find nothing wrong with ``value``, without the paths it
-    builds for its messages: the common case, at a fraction of the cost. Iterative too."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        item, depth = pop()
-        if isinstance(item, str):
-            if "\x00" in item or not (item.isascii() or _utf8(item)):
-                return False
-        elif isinstance(item, dict):
-            if depth >= max_depth:
-                return False
-            for key, child in item.items():
-                if not isinstance(key, str) or "\x00" in key or not (key.isascii() or _utf8(key)):
-                    return False
-                push((child, depth + 1))
-        elif isinstance(item, list | tuple):
-            if depth >= max_depth:
-                return False
-            for child in item:
-                push((child, depth + 1))
-    return True
-
-
 def _utf8(value: str) -> bool:
     try:
         value.encode("utf-8")
@@ -111,37 +86,61 @@ def _utf8(value: str) -> bool:
     return True
 
 
+def _bad_text(value: str) -> bool:
+    return "\x00" in value or not (value.isascii() or _utf8(value))
+
+
+# Where an item of a walked value is: None for the value itself, else (where its
+# container is, its key or index). Spelled out (_path) only for a refusal's message.
+_At = tuple[Any, str | int] | None
+
+
+def _path(at: _At) -> str:
+    parts: list[str] = []
+    while at is not None:
+        at, step = at
+        parts.append(f"[{step}]" if isinstance(step, int) else f".{step}")
+    return "".join(reversed(parts))
+
+
 def _walk(what: str, value: Any, max_depth: int) -> None:
     """Every string and key of ``value``, and its nesting, checked without recursion.
 
-    An explicit stack of ``(item, path, depth)``: a value nested a million levels deep
+    An explicit stack of ``(item, depth, where)``: a value nested a million levels deep
     (or one that contains itself) is refused at level ``max_depth + 1``, never with a
-    ``RecursionError``.
+    ``RecursionError``. Depth first, in document order; each object's keys are checked
+    before its values. The path of an item is spelled out only for a refusal.
     """
-    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    stack: list[tuple[Any, int, _At]] = [(value, 0, None)]
+    pop, push = stack.pop, stack.append
     while stack:
-        item, path, depth = stack.pop()
+        item, depth, at = pop()
         if isinstance(item, str):
-            _encodable(what, item, f" at {path or '$'}")
+            if _bad_text(item):
+                _encodable(what, item, f" at {_path(at) or '$'}")
             continue
         if not isinstance(item, dict | list | tuple):
             continue
         if depth + 1 > max_depth:
+            path = _path(at)
             where = path if len(path) <= 60 else path[:57] + "..."
             raise InvalidInput(
                 f"{what} nests deeper than the limit of {max_depth} levels of objects and "
                 f"arrays (at {where or '$'})"
             )
-        children: list[tuple[Any, str, int]] = []
         if isinstance(item, dict):
-            for key, child in item.items():
+            for key in item:
                 if not isinstance(key, str):
-                    raise InvalidInput(f"{what} has a non-string key at {path or '$'}: {key!r}")
-                _encodable(f"{what} key", key, f" at {path or '$'}")
-                children.append((child, f"{path}.{key}", depth + 1))
+                    raise InvalidInput(
+                        f"{what} has a non-string key at {_path(at) or '$'}: {key!r}"
+                    )
+                if _bad_text(key):
+                    _encodable(f"{what} key", key, f" at {_path(at) or '$'}")
+            for key, child in reversed(item.items()):
+                push((child, depth + 1, (at, key)))
         else:
-            children = [(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item)]
-        stack.extend(reversed(children))  # depth first, in document order
+            for index in range(len(item) - 1, -1, -1):
+                push((item[index], depth + 1, (at, index)))
 
 
 def check_json(
@@ -163,8 +162,7 @@ def check_json(
         return None
     if obj and not isinstance(value, dict):
         raise InvalidInput(f"{what} must be a JSON object, got {type(value).__name__}")
-    if not _fine(value, max_depth):
-        _walk(what, value, max_depth)  # first: json.dumps below recurses
+    _walk(what, value, max_depth)  # first: json.dumps below recurses
     try:
         # measured like the database does: octet_length of UTF-8 text
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)

@@ -4,7 +4,7 @@ A psycopg cursor costs the worker's process about 130-180 us of CPU per statemen
 slow cores (query conversion, the prepared-statement manager, result bookkeeping, the
 row factory, the generators its waits are made of), against 25 us for the same prepared
 statement sent with ``PGconn.send_query_prepared`` and read back with one reader on the
-event loop (measured side by side, ``bench/README.md``, "The worker's statements"). The
+event loop (measured side by side, ``bench/README.md``, "wire_cost.py"). The
 worker sends one or two statements per tool call, so that difference is a large share of
 its CPU per call.
 
@@ -80,21 +80,20 @@ async def execute(
     if session is None:
         session = _SESSIONS[conn] = _Session(conn)
     async with conn.lock:
-        pgconn = conn.pgconn
         if stmt.name not in session.prepared:
-            await _prepare(pgconn, stmt)
+            await _prepare(conn, stmt)
             session.prepared.add(stmt.name)
         values = session.tx.dump_sequence(params, stmt.formats)
         try:
-            result = await _run(pgconn, stmt.name, values)
+            result = await _run(conn, stmt.name, values)
         except e.Error as exc:
             if exc.sqlstate != _STALE_NAME:
                 raise
             # the session's prepared statements are gone (DISCARD ALL): prepare it again
             session.prepared.clear()
-            await _prepare(pgconn, stmt)
+            await _prepare(conn, stmt)
             session.prepared.add(stmt.name)
-            result = await _run(pgconn, stmt.name, values)
+            result = await _run(conn, stmt.name, values)
         tx = session.tx
         tx.set_pgresult(result)
         names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
@@ -102,30 +101,27 @@ async def execute(
         return [dict(zip(names, row, strict=True)) for row in rows]
 
 
-async def _prepare(pgconn: pq.abc.PGconn, stmt: Prepared) -> None:
-    pgconn.send_prepare(stmt.name, stmt.sql.encode())
-    result = await _wait(pgconn)
+async def _prepare(conn: psycopg.AsyncConnection[Any], stmt: Prepared) -> None:
+    conn.pgconn.send_prepare(stmt.name, stmt.sql.encode())
+    result = await _wait(conn.pgconn)
     if result.status != _COMMAND_OK:
-        raise _error(pgconn, result)
+        raise _error(conn, result)
 
 
-async def _run(pgconn: pq.abc.PGconn, name: bytes, values: Sequence[Any]) -> pq.abc.PGresult:
-    pgconn.send_query_prepared(name, values)
-    result = await _wait(pgconn)
+async def _run(
+    conn: psycopg.AsyncConnection[Any], name: bytes, values: Sequence[Any]
+) -> pq.abc.PGresult:
+    conn.pgconn.send_query_prepared(name, values)
+    result = await _wait(conn.pgconn)
     if result.status != _TUPLES_OK:
-        raise _error(pgconn, result)
+        raise _error(conn, result)
     return result
 
 
-def _error(pgconn: pq.abc.PGconn, result: pq.abc.PGresult) -> e.Error:
+def _error(conn: psycopg.AsyncConnection[Any], result: pq.abc.PGresult) -> e.Error:
     if result.status == pq.ExecStatus.FATAL_ERROR:
-        return e.error_from_result(result, encoding=_encoding(pgconn))
+        return e.error_from_result(result, encoding=conn.info.encoding)
     return e.InternalError(f"unexpected result status {pq.ExecStatus(result.status).name}")
-
-
-def _encoding(pgconn: pq.abc.PGconn) -> str:
-    raw = pgconn.parameter_status(b"client_encoding") or b"UTF8"
-    return "utf-8" if raw.upper() in (b"UTF8", b"UTF-8") else raw.decode()
 
 
 async def _wait(pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
