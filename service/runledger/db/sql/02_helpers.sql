@@ -310,7 +310,8 @@ $$;
 -- Revision 0016: the event carries its link in the run's hash chain. One run's events are
 -- appended one at a time: the writer locks the run's last event row (FOR UPDATE; event
 -- rows never change, so a waiter gets the same row once the holder ends), then reads the
--- last hash again in a new snapshot, which has the holder's event. Not the run's row
+-- last hash again in a new snapshot, which has the holder's event (since revision 0021
+-- inside the INSERT, whose snapshot is taken after the lock). Not the run's row
 -- lock: the writers of renewal_failed and stale_write_rejected do not hold it, and a
 -- lock on the run would make a concurrent claim skip it. A row lock takes no slot in the
 -- lock table, so a failover that marks a million runs writes their events in one
@@ -326,17 +327,19 @@ DECLARE
     v_id bigint;
     v_at timestamptz := coalesce(p_at, runledger.now());
     v_detail jsonb := coalesce(p_detail, '{}'::jsonb);
-    v_previous bytea;
 BEGIN
     PERFORM e.event_id FROM runledger.run_events e
     WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1 FOR UPDATE;
-    SELECT e.hash INTO v_previous FROM runledger.run_events e
-    WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
+    -- revision 0021: the last hash is read by the INSERT (its snapshot is taken after the
+    -- lock, as the separate read's was), one statement less
     INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
                                       state_version, detail, hash)
     SELECT n.id, p_run_id, v_at, p_kind, p_actor, p_fencing_token, p_state_version, v_detail,
-           runledger._event_hash(v_previous, n.id, p_run_id, v_at, p_kind, p_actor,
-                                 p_fencing_token, p_state_version, v_detail)
+           runledger._event_hash(
+               (SELECT e.hash FROM runledger.run_events e WHERE e.run_id = p_run_id
+                ORDER BY e.event_id DESC LIMIT 1),
+               n.id, p_run_id, v_at, p_kind, p_actor, p_fencing_token, p_state_version,
+               v_detail)
     FROM (SELECT pg_catalog.nextval('runledger.run_events_event_id_seq'::regclass) AS id) n
     RETURNING event_id INTO v_id;
     IF p_kind NOT IN ('call_dispatched', 'call_succeeded', 'call_failed', 'call_not_applied',
@@ -458,10 +461,12 @@ BEGIN
 END
 $$;
 
--- The dispatch of one call of a locked, leased run (revision 0009), the one place it is
--- written: dispatch_call, complete_call_v2 (the next call) and record_turn_v4 (the first
--- calls of a decision) call it after their lease check, with the clock they read after the
--- lock. It refuses a call that cannot be sent (final, unknown, awaiting approval), marks
+-- The dispatch of one call of a locked, leased run (revision 0009): dispatch_call,
+-- complete_call_v2 (the next call) and record_turn_v4 (the first calls of a decision) call
+-- it after their lease check, with the clock they read after the lock. Revision 0021:
+-- complete_call_v2 and record_turn_v4 write the same row themselves in their common case
+-- (in the UPDATE of the completed call; in the INSERT of the decision's calls) and call
+-- this function otherwise: a change here is a change there too. It refuses a call that cannot be sent (final, unknown, awaiting approval), marks
 -- it dispatched under the token and writes its call_dispatched event. Returns the attempt
 -- number.
 -- Revision 0019: one UPDATE ... RETURNING instead of SELECT ... FOR UPDATE and an UPDATE

@@ -286,6 +286,7 @@ SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_lock record;
     r runledger.runs;
     v_now timestamptz;
     v_count integer;
@@ -301,9 +302,13 @@ DECLARE
     v_bad record;
     v_version bigint;
     v_id text;
+    v_fast boolean;
+    v_dispatched jsonb[];
 BEGIN
-    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    v_now := runledger.now();  -- after the lock, as the lease check
+    -- the clock the lease check read after the lock (revision 0021, as complete_call_v2)
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    r := v_lock.r;
+    v_now := v_lock.at;
     PERFORM runledger._check_json_value('calls', p_calls, 2);
     IF jsonb_typeof(p_calls) <> 'array' THEN
         PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
@@ -492,14 +497,38 @@ BEGIN
     v_version := r.state_version + CASE WHEN p_state IS NULL THEN 0 ELSE 1 END;
     INSERT INTO runledger.run_turns (run_id, turn, calls, fencing_token, created_at, record, output)
     VALUES (p_run_id, p_turn, p_calls, p_fencing_token, v_now, p_record, p_output);
-    INSERT INTO runledger.run_calls (run_id, turn, call_id, position, tool, args,
-                                     idempotency_key, status, attempts, provider_id, approval)
-    SELECT p_run_id, p_turn, a.c ->> 'call_id', a.pos - 1, a.c ->> 'tool',
-           coalesce(a.c -> 'args', '{}'::jsonb),
-           p_run_id || ':' || p_turn || ':' || (a.c ->> 'call_id'), 'planned', 0,
-           a.c ->> 'provider_id',
-           CASE WHEN (a.c -> 'approval') = 'true'::jsonb THEN 'pending' END
-    FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS a(c, pos);
+    -- Revision 0021: the calls to dispatch are inserted dispatched (attempt 1, this lease),
+    -- the row _dispatch would make of them, instead of planned and then updated one by one,
+    -- unless a call of the decision awaits approval (_dispatch refuses those: its path
+    -- below, with its error) or p_dispatch does not start at 1 (that path reads element 1).
+    -- Their call_dispatched details, in p_dispatch's order.
+    v_fast := coalesce(cardinality(p_dispatch), 0) > 0 AND array_lower(p_dispatch, 1) = 1
+              AND NOT p_calls @> '[{"approval": true}]'::jsonb;
+    WITH ins AS (
+        INSERT INTO runledger.run_calls (run_id, turn, call_id, position, tool, args,
+                                         idempotency_key, status, attempts, provider_id,
+                                         approval, dispatched_token, dispatched_by,
+                                         dispatched_at)
+        SELECT p_run_id, p_turn, a.c ->> 'call_id', a.pos - 1, a.c ->> 'tool',
+               coalesce(a.c -> 'args', '{}'::jsonb),
+               p_run_id || ':' || p_turn || ':' || (a.c ->> 'call_id'),
+               CASE WHEN d.dispatch THEN 'dispatched' ELSE 'planned' END,
+               CASE WHEN d.dispatch THEN 1 ELSE 0 END,
+               a.c ->> 'provider_id',
+               CASE WHEN (a.c -> 'approval') = 'true'::jsonb THEN 'pending' END,
+               CASE WHEN d.dispatch THEN r.fencing_token END,
+               CASE WHEN d.dispatch THEN r.lease_owner END,
+               CASE WHEN d.dispatch THEN v_now END
+        FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS a(c, pos)
+        CROSS JOIN LATERAL (SELECT v_fast AND (a.c ->> 'call_id') = ANY (p_dispatch)
+                                   AS dispatch) d
+        RETURNING call_id, tool, idempotency_key, status)
+    SELECT array_agg(jsonb_build_object('idempotency_key', ins.idempotency_key,
+                                        'tool', ins.tool, 'attempt', 1,
+                                        'previous_status', 'planned') ORDER BY w.ord)
+    INTO v_dispatched
+    FROM ins JOIN unnest(p_dispatch) WITH ORDINALITY AS w(id, ord) ON w.id = ins.call_id
+    WHERE ins.status = 'dispatched';
     -- the checkpoint, the progress and, for the final decision, the end: one row version
     UPDATE runledger.runs
     SET state = CASE WHEN p_state IS NULL THEN state ELSE p_state END,
@@ -525,12 +554,19 @@ BEGIN
     END IF;
     PERFORM runledger._event(p_run_id, 'turn_recorded', r.lease_owner, p_fencing_token,
         v_version, jsonb_build_object('turn', p_turn, 'calls', v_count), v_now);
+    -- the calls dispatched above, in p_dispatch's order, as _dispatch writes their events
+    FOR i IN 1 .. coalesce(cardinality(v_dispatched), 0) LOOP
+        PERFORM runledger._event(p_run_id, 'call_dispatched', r.lease_owner, p_fencing_token,
+                                 v_version, v_dispatched[i], v_now);
+    END LOOP;
     IF p_finish THEN
         PERFORM runledger._event(p_run_id, 'run_succeeded', r.lease_owner, p_fencing_token,
                                  v_version, '{}'::jsonb, v_now);
     END IF;
     state_version := v_version;
-    IF cardinality(p_dispatch) = 1 THEN
+    IF v_fast THEN
+        attempts := array_fill(1, ARRAY[cardinality(p_dispatch)]);
+    ELSIF cardinality(p_dispatch) = 1 THEN
         -- one call (revision 0020): what _dispatch_each does for it, one call layer less
         attempts := ARRAY[runledger._dispatch(p_run_id, p_run_id || ':' || p_turn || ':' || p_dispatch[1],
                                               r.lease_owner, r.fencing_token, v_version, v_now)];
@@ -693,6 +729,10 @@ DECLARE
     v_tool text;
     v_attempts integer;
     v_done boolean := false;
+    v_this tid;
+    v_that tid;
+    v_previous text;
+    v_next record;
 BEGIN
     -- the clock the lease check read after the lock (revision 0019)
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
@@ -718,8 +758,91 @@ BEGIN
     -- run, a call not dispatched) or a next-call refusal is due does the path of
     -- revision 0008 run, to refuse with the exact error in the same order. The run is
     -- a filter (IS NOT DISTINCT FROM), as in _dispatch: the row is found by its key.
-    IF p_next_key IS NULL
-       OR (p_outcome IN ('succeeded', 'failed') AND p_next_key <> p_idempotency_key) THEN
+    -- Revision 0021: with the next call, both rows in one UPDATE (one statement's start,
+    -- constraint and trigger set-up instead of two), only when both would pass: this call
+    -- dispatched, the next one planned or dispatched and not awaiting approval, both of
+    -- this run. One read of both rows, each by its key, finds out, with the status the
+    -- next call has now (its call_dispatched names it) and where each row is: the UPDATE
+    -- goes to them by ctid (a plan that does not depend on the table's size or
+    -- statistics) and repeats the conditions. As every writer of the run's calls holds
+    -- the run's lock, it writes both. Otherwise nothing is written here and the path
+    -- below refuses with the exact error, as before. What the next call's row gets is
+    -- what _dispatch writes.
+    IF p_next_key IS NOT NULL AND p_outcome IN ('succeeded', 'failed')
+       AND p_next_key <> p_idempotency_key THEN
+        SELECT c1.ctid, c2.ctid, c2.status INTO v_this, v_that, v_previous
+        FROM runledger.run_calls c1, runledger.run_calls c2
+        WHERE c1.idempotency_key = p_idempotency_key AND c1.run_id IS NOT DISTINCT FROM p_run_id
+          AND c1.status = 'dispatched'
+          AND c2.idempotency_key = p_next_key AND c2.run_id IS NOT DISTINCT FROM p_run_id
+          AND c2.status IN ('planned', 'dispatched') AND c2.approval IS DISTINCT FROM 'pending';
+    END IF;
+    IF v_that IS NOT NULL THEN
+        WITH u AS (
+            UPDATE runledger.run_calls x
+            SET status = CASE WHEN x.idempotency_key = p_idempotency_key THEN p_outcome
+                              ELSE 'dispatched' END,
+                result = CASE WHEN x.idempotency_key <> p_idempotency_key THEN x.result
+                              WHEN p_outcome = 'succeeded' THEN p_result END,
+                receipt = CASE WHEN x.idempotency_key = p_idempotency_key THEN p_receipt
+                               ELSE x.receipt END,
+                error = CASE WHEN x.idempotency_key <> p_idempotency_key THEN x.error
+                             WHEN p_outcome = 'failed' THEN p_result END,
+                completed_token = CASE WHEN x.idempotency_key = p_idempotency_key
+                                       THEN p_fencing_token ELSE x.completed_token END,
+                completed_by = CASE WHEN x.idempotency_key = p_idempotency_key
+                                    THEN r.lease_owner ELSE x.completed_by END,
+                completed_at = CASE WHEN x.idempotency_key = p_idempotency_key
+                                    THEN v_now ELSE x.completed_at END,
+                attempts = CASE WHEN x.idempotency_key = p_idempotency_key
+                                THEN x.attempts ELSE x.attempts + 1 END,
+                dispatched_token = CASE WHEN x.idempotency_key = p_idempotency_key
+                                        THEN x.dispatched_token ELSE p_fencing_token END,
+                dispatched_by = CASE WHEN x.idempotency_key = p_idempotency_key
+                                     THEN x.dispatched_by ELSE r.lease_owner END,
+                dispatched_at = CASE WHEN x.idempotency_key = p_idempotency_key
+                                     THEN x.dispatched_at ELSE v_now END
+            WHERE x.ctid = ANY (ARRAY[v_this, v_that])
+              AND CASE WHEN x.idempotency_key = p_idempotency_key THEN x.status = 'dispatched'
+                       WHEN x.idempotency_key = p_next_key
+                       THEN x.status IN ('planned', 'dispatched')
+                            AND x.approval IS DISTINCT FROM 'pending' END
+            RETURNING x.idempotency_key AS key, x.tool, x.attempts)
+        SELECT count(*) AS written,
+               max(u.tool) FILTER (WHERE u.key = p_idempotency_key) AS tool,
+               max(u.attempts) FILTER (WHERE u.key = p_idempotency_key) AS attempts,
+               max(u.tool) FILTER (WHERE u.key = p_next_key) AS next_tool,
+               max(u.attempts) FILTER (WHERE u.key = p_next_key) AS next_attempt
+        INTO v_next FROM u;
+        IF v_next.written <> 2 THEN
+            -- not reached while every writer of the run's calls holds the run's lock
+            PERFORM runledger._raise('RL004',
+                format('calls %s and %s changed while run %s was locked', p_idempotency_key,
+                       p_next_key, p_run_id),
+                'a write that does not hold the run''s lock changed them', 'send the call again');
+        END IF;
+        IF r.stalled_claims <> 0 THEN
+            UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
+            WHERE run_id = p_run_id AND lease_id = p_lease_id;
+        END IF;
+        -- the call's event, then the next call's call_dispatched, as below
+        v_detail := jsonb_build_object('idempotency_key', p_idempotency_key,
+                                       'tool', v_next.tool, 'attempt', v_next.attempts);
+        IF p_outcome = 'succeeded' THEN
+            PERFORM runledger._event(p_run_id, 'call_succeeded', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail, v_now);
+        ELSE
+            PERFORM runledger._event(p_run_id, 'call_failed', r.lease_owner, p_fencing_token,
+                                     r.state_version, v_detail, v_now);
+        END IF;
+        PERFORM runledger._event(p_run_id, 'call_dispatched', r.lease_owner, p_fencing_token,
+            r.state_version, jsonb_build_object('idempotency_key', p_next_key,
+                                                'tool', v_next.next_tool,
+                                                'attempt', v_next.next_attempt,
+                                                'previous_status', v_previous), v_now);
+        RETURN v_next.next_attempt;
+    END IF;
+    IF p_next_key IS NULL THEN
         UPDATE runledger.run_calls x
         SET status = CASE WHEN p_outcome = 'not_applied' THEN 'planned' ELSE p_outcome END,
             result = CASE WHEN p_outcome = 'succeeded' THEN p_result END,
