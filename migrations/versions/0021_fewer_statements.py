@@ -1,8 +1,9 @@
 """Fewer statements per tool call (issue "The hot path"): ``complete_call_v2`` completes a
 call and dispatches the next one in one UPDATE of both rows, ``record_turn_v4`` inserts
 the calls it dispatches as dispatched and takes the lease check's clock, and ``_event``
-reads the last hash in its INSERT. Same signatures, results, errors, rows, events and
-hash chain. The downgrade restores the bodies of 0020.
+checks in its INSERT that the event it locked is still the run's last (no fork of the
+chain when three writers of one run meet). Same signatures, results, errors, rows and
+events. The downgrade restores the bodies of 0020.
 
 Revision ID: 0021
 Revises: 0020

@@ -1,8 +1,9 @@
 -- runledger 0021: fewer statements per tool call (issue "The hot path"), with the contract
 -- unchanged. A call's completion and the next call's dispatch are one UPDATE of both rows
 -- (complete_call_v2); a decision's calls to dispatch are inserted dispatched, with the
--- lease check's clock (record_turn_v4); _event reads the last hash in its INSERT. Same
--- signatures, results, errors, rows, events and hash chain.
+-- lease check's clock (record_turn_v4); _event checks in its INSERT that the event it
+-- locked is still the run's last (one read less, and no fork of the chain when three
+-- writers of one run meet). Same signatures, results, errors, rows and events.
 -- Frozen once merged: change things in a new revision (and in the living files).
 
 
@@ -15,21 +16,30 @@ DECLARE
     v_id bigint;
     v_at timestamptz := coalesce(p_at, runledger.now());
     v_detail jsonb := coalesce(p_detail, '{}'::jsonb);
+    v_last bigint;
+    v_previous bytea;
 BEGIN
-    PERFORM e.event_id FROM runledger.run_events e
-    WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1 FOR UPDATE;
-    -- revision 0021: the last hash is read by the INSERT (its snapshot is taken after the
-    -- lock, as the separate read's was), one statement less
-    INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
-                                      state_version, detail, hash)
-    SELECT n.id, p_run_id, v_at, p_kind, p_actor, p_fencing_token, p_state_version, v_detail,
-           runledger._event_hash(
-               (SELECT e.hash FROM runledger.run_events e WHERE e.run_id = p_run_id
-                ORDER BY e.event_id DESC LIMIT 1),
-               n.id, p_run_id, v_at, p_kind, p_actor, p_fencing_token, p_state_version,
-               v_detail)
-    FROM (SELECT pg_catalog.nextval('runledger.run_events_event_id_seq'::regclass) AS id) n
-    RETURNING event_id INTO v_id;
+    -- Revision 0021: the row locked must still be the run's last event once the lock is
+    -- held. A writer that waited for it may find that the holder appended a newer one,
+    -- and a third writer, come later, may already hold that one: chaining to the event
+    -- it locked, or to the newest it sees, would fork the chain. The INSERT checks, in
+    -- its own snapshot (taken after the lock), that no newer event exists; when one does
+    -- it inserts nothing, and the writer locks the newer one and tries again.
+    LOOP
+        SELECT e.event_id, e.hash INTO v_last, v_previous FROM runledger.run_events e
+        WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1 FOR UPDATE;
+        INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
+                                          state_version, detail, hash)
+        SELECT n.id, p_run_id, v_at, p_kind, p_actor, p_fencing_token, p_state_version,
+               v_detail,
+               runledger._event_hash(v_previous, n.id, p_run_id, v_at, p_kind, p_actor,
+                                     p_fencing_token, p_state_version, v_detail)
+        FROM (SELECT pg_catalog.nextval('runledger.run_events_event_id_seq'::regclass) AS id) n
+        WHERE NOT EXISTS (SELECT 1 FROM runledger.run_events e
+                          WHERE e.run_id = p_run_id AND e.event_id > v_last)
+        RETURNING event_id INTO v_id;
+        EXIT WHEN FOUND;
+    END LOOP;
     IF p_kind NOT IN ('call_dispatched', 'call_succeeded', 'call_failed', 'call_not_applied',
                       'turn_recorded', 'checkpoint', 'claimed') THEN
         PERFORM pg_notify('runledger_events', v_id || ' ' || p_run_id || ' ' || p_kind);

@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -528,3 +529,87 @@ def test_checkpoint_refusals_are_one_line(
         assert len(err.splitlines()) == 1, err
     (n,) = admin_conn.execute("SELECT count(*) FROM runledger.event_checkpoints").fetchone()
     assert n == 1
+
+
+def test_three_writers_of_one_run_never_fork_its_chain(database_url: str, admin: Conn) -> None:
+    """A writer that waited for the run's last event row and got it after another writer
+    had appended a newer one (writers of renewal_failed and stale_write_rejected do not
+    hold the run) locks the newer one before it chains: the third writer, which came
+    after, waits for it instead of linking to the same event. A test-only trigger holds
+    the second writer inside its INSERT, after it chose its link, on an advisory lock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def event(conn: Conn, kind: str) -> None:
+        conn.execute(
+            "SELECT runledger._event('fork-1', %s, 'w1', 1, 0, '{}'::jsonb, now())", (kind,)
+        )
+
+    def waiting(pid: int, event_type: str) -> bool:
+        row = admin.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+        return row is not None and row["wait_event_type"] == event_type
+
+    def until(check: Any, what: str) -> None:
+        deadline = time.monotonic() + 15
+        while not check():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.01)
+
+    admin.execute(
+        "CREATE FUNCTION runledger.test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF current_setting('test.hold', true) = 'on' THEN"
+        " PERFORM pg_advisory_xact_lock(4242); END IF; RETURN NEW; END $$"
+    )
+    admin.execute(
+        "CREATE TRIGGER test_hold BEFORE INSERT ON runledger.run_events"
+        " FOR EACH ROW EXECUTE FUNCTION runledger.test_hold()"
+    )
+    try:
+        event(admin, "submitted")
+        with (
+            psycopg.connect(database_url, row_factory=dict_row) as first,
+            psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as second,
+            psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as third,
+            psycopg.connect(database_url, autocommit=True) as gate,
+            ThreadPoolExecutor(2) as pool,
+        ):
+            gate.execute("SELECT pg_advisory_lock(4242)")
+            event(first, "checkpoint")  # its transaction stays open: it holds the last row
+            second.execute("SET test.hold = 'on'")
+            pid2 = second.info.backend_pid
+            appended = pool.submit(event, second, "renewal_failed")
+            until(lambda: waiting(pid2, "Lock"), "the second writer to wait for the first")
+            first.commit()
+            until(lambda: _held_on_advisory(admin, pid2), "the second writer held in its INSERT")
+            pid3 = third.info.backend_pid
+            last = pool.submit(event, third, "stale_write_rejected")
+            until(lambda: last.done() or waiting(pid3, "Lock"), "the third writer")
+            gate.execute("SELECT pg_advisory_unlock(4242)")
+            appended.result(timeout=15)
+            last.result(timeout=15)
+    finally:
+        admin.execute("DROP TRIGGER test_hold ON runledger.run_events")
+        admin.execute("DROP FUNCTION runledger.test_hold()")
+    made = _events(admin, "fork-1")
+    assert [e["kind"] for e in made] == [
+        "submitted",
+        "checkpoint",
+        "renewal_failed",
+        "stale_write_rejected",
+    ]
+    links = admin.execute(
+        "SELECT e.hash = runledger._event_hash(lag(e.hash) OVER w, e.event_id, e.run_id, e.at,"
+        " e.kind, e.actor, e.fencing_token, e.state_version, e.detail) AS ok"
+        " FROM runledger.run_events e WHERE e.run_id = 'fork-1' WINDOW w AS (ORDER BY e.event_id)"
+    ).fetchall()
+    assert [r["ok"] for r in links] == [True] * 4
+
+
+def _held_on_advisory(admin: Conn, pid: int) -> bool:
+    row = admin.execute(
+        "SELECT count(*) AS n FROM pg_locks WHERE pid = %s AND locktype = 'advisory'"
+        " AND NOT granted",
+        (pid,),
+    ).fetchone()
+    return row is not None and row["n"] > 0
