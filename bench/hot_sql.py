@@ -371,6 +371,16 @@ def _median(rows: list[dict[str, Any]], key: str, sub: str | None = None) -> flo
     return statistics.median(present) if present else float("nan")
 
 
+def paired(rows: list[dict[str, Any]], base: list[dict[str, Any]], key: str) -> str:
+    """Median of each rep's ratio to the same rep of ``base``, with the interquartile
+    range (the middle half of the reps)."""
+    ratios = [r[key] / b[key] for r, b in zip(rows, base, strict=True) if b[key]]
+    if len(ratios) < 4:
+        return f"{statistics.median(ratios):.3f}" if ratios else "-"
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return f"{statistics.median(ratios):.3f} [{q1:.3f}-{q3:.3f}]"
+
+
 def report(results: dict[str, list[dict[str, Any]]], ref: str) -> None:
     names = list(results)
     a = results["a"]
@@ -386,6 +396,11 @@ def report(results: dict[str, list[dict[str, Any]]], ref: str) -> None:
             f"{_median(results[n], key):.3f} ({_median(results[n], key) / ma:.2f})" for n in names
         ]
         print(f"| {key} | " + " | ".join(cells) + " |")
+    # the same rep's ratios: a shared machine's speed drifts between reps more than a
+    # change of a few per cent moves the medians; within a rep it drifts less
+    for key in ("cpu_ms_call", "wall_ms_call"):
+        cells = [paired(results[n], a, key) for n in names]
+        print(f"| {key}, same-rep ratio to a | " + " | ".join(cells) + " |")
     keys = sorted(
         {k for rows in results.values() for r in rows for k in r["per"] if not k.startswith("#")},
         key=lambda k: (k.startswith("  "), k),
