@@ -134,6 +134,19 @@ def events(conn: Conn, run_id: str, kind: str | None = None) -> list[Row]:
     return [e for e in found if kind is None or e["kind"] == kind]
 
 
+def chain_links(conn: Conn, run_id: str) -> list[bool]:
+    """Per event of the run, in order: is its hash _event_hash over its run's previous
+    event's hash and its own columns (the chain of revision 0016)?"""
+    found = rows(
+        conn,
+        "SELECT e.hash = runledger._event_hash(lag(e.hash) OVER w, e.event_id, e.run_id, e.at,"
+        " e.kind, e.actor, e.fencing_token, e.state_version, e.detail) AS ok"
+        " FROM runledger.run_events e WHERE e.run_id = %s WINDOW w AS (ORDER BY e.event_id)",
+        (run_id,),
+    )
+    return [bool(r["ok"]) for r in found]
+
+
 def count(conn: Conn, table: str) -> int:
     return int(scalar(conn, f"SELECT count(*) FROM runledger.{table}"))
 

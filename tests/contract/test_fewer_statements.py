@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from .helpers import call, call_row, events, key, refused, rows, submit_and_claim
+from .helpers import call, call_row, chain_links, events, key, refused, rows, submit_and_claim
 from .test_fast_path import complete_v2, two_calls
 from .test_record_turn_v4 import v4
 
@@ -42,15 +42,8 @@ def _event_commands(admin: Conn, run_id: str, last: int) -> list[tuple[str, int]
 
 
 def _chain_holds(admin: Conn, run_id: str) -> bool:
-    """Each event's hash is _event_hash over its run's previous event's hash and itself."""
-    found = rows(
-        admin,
-        "SELECT e.hash = runledger._event_hash(lag(e.hash) OVER w, e.event_id, e.run_id, e.at,"
-        " e.kind, e.actor, e.fencing_token, e.state_version, e.detail) AS ok"
-        " FROM runledger.run_events e WHERE e.run_id = %s WINDOW w AS (ORDER BY e.event_id)",
-        (run_id,),
-    )
-    return bool(found) and all(r["ok"] for r in found)
+    links = chain_links(admin, run_id)
+    return bool(links) and all(links)
 
 
 @pytest.mark.parametrize("outcome", ["succeeded", "failed"])

@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 from runledger.audit import Anchor, audit
 from runledger.cli import main
 from runledger.db.store import Store
+from tests.contract.helpers import chain_links
 
 Conn = psycopg.Connection[Any]
 CHAIN = {"event_chain_broken", "checkpoint_head_changed", "checkpoint_chain_broken"}
@@ -598,12 +599,7 @@ def test_three_writers_of_one_run_never_fork_its_chain(database_url: str, admin:
         "renewal_failed",
         "stale_write_rejected",
     ]
-    links = admin.execute(
-        "SELECT e.hash = runledger._event_hash(lag(e.hash) OVER w, e.event_id, e.run_id, e.at,"
-        " e.kind, e.actor, e.fencing_token, e.state_version, e.detail) AS ok"
-        " FROM runledger.run_events e WHERE e.run_id = 'fork-1' WINDOW w AS (ORDER BY e.event_id)"
-    ).fetchall()
-    assert [r["ok"] for r in links] == [True] * 4
+    assert chain_links(admin, "fork-1") == [True] * 4
 
 
 def _held_on_advisory(admin: Conn, pid: int) -> bool:
