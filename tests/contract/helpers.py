@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +146,20 @@ def chain_links(conn: Conn, run_id: str) -> list[bool]:
         (run_id,),
     )
     return [bool(r["ok"]) for r in found]
+
+
+def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def waiting_on_a_lock(admin: Conn, pid: int) -> bool:
+    row = one(admin, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
+    return row is not None and row["wait_event_type"] == "Lock"
 
 
 def count(conn: Conn, table: str) -> int:

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from .helpers import call, call_row, chain_links, events, key, refused, rows, submit_and_claim
-from .test_fast_path import complete_v2, two_calls
+from .test_fast_path import complete_v2, kinds, two_calls
 from .test_record_turn_v4 import v4
 
 Conn = psycopg.Connection[Any]
@@ -31,16 +31,6 @@ def _call_commands(admin: Conn, *keys: str) -> list[int]:
     return [by_key[k]["cmin"] for k in keys]
 
 
-def _event_commands(admin: Conn, run_id: str, last: int) -> list[tuple[str, int]]:
-    found = rows(
-        admin,
-        "SELECT kind, cmin::text::int AS cmin FROM runledger.run_events WHERE run_id = %s"
-        " ORDER BY event_id",
-        (run_id,),
-    )
-    return [(r["kind"], r["cmin"]) for r in found[-last:]]
-
-
 def _chain_holds(admin: Conn, run_id: str) -> bool:
     links = chain_links(admin, run_id)
     return bool(links) and all(links)
@@ -54,10 +44,7 @@ def test_a_completion_and_the_next_dispatch_are_one_update_and_one_insert(
     assert complete_v2(worker, lease, first, outcome, {"r": 1}, next_key=second) == 1
     done, sent = _call_commands(admin_conn, first, second)
     assert done == sent
-    assert [kind for kind, _ in _event_commands(admin_conn, "r1", 2)] == [
-        f"call_{outcome}",
-        "call_dispatched",
-    ]
+    assert kinds(admin_conn, "r1")[-2:] == [f"call_{outcome}", "call_dispatched"]
     assert _chain_holds(admin_conn, "r1")
 
 
@@ -74,9 +61,12 @@ def test_a_decisions_calls_to_dispatch_are_inserted_dispatched_with_its_events(
         "planned",
         "dispatched",
     ]
-    last = _event_commands(admin_conn, "r1", 4)
-    kinds = [kind for kind, _ in last]
-    assert kinds == ["checkpoint", "turn_recorded", "call_dispatched", "call_dispatched"]
+    assert kinds(admin_conn, "r1")[-4:] == [
+        "checkpoint",
+        "turn_recorded",
+        "call_dispatched",
+        "call_dispatched",
+    ]
     sent = events(admin_conn, "r1", "call_dispatched")
     assert [e["detail"]["idempotency_key"] for e in sent] == [keys[2], keys[0]]
     assert all(e["detail"]["previous_status"] == "planned" for e in sent)

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +52,8 @@ from tests.contract.helpers import (
     sqlstate,
     submit,
     submit_and_claim,
+    wait_until,
+    waiting_on_a_lock,
 )
 
 Conn = psycopg.Connection[Any]
@@ -629,19 +630,6 @@ def test_text_at_its_cap_is_accepted_and_stored_whole(
 # -- a lease that expires while its write waits on the row lock ---------------------------------
 
 
-def _wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def _waiting_on_a_lock(admin: Conn, pid: int) -> bool:
-    row = one(admin, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
-    return row is not None and row["wait_event_type"] == "Lock"
-
-
 WRITES: dict[str, Callable[[Conn, Lease, str], None]] = {
     "checkpoint": lambda c, lease, k: c.execute(CHECKPOINT, (*_lease_of(lease), Jsonb({"s": 1}))),
     "complete_call": lambda c, lease, k: complete(c, lease, k, "succeeded", {"ok": True}),
@@ -672,8 +660,8 @@ def test_a_write_that_waited_on_the_row_lock_past_expiry_is_refused(
         before = everything(admin_conn)
         blocked: Future[None] = pool.submit(WRITES[write], worker, lease, k)
         try:
-            _wait_until(
-                "the write to wait on the row lock", lambda: _waiting_on_a_lock(admin_conn, pid)
+            wait_until(
+                "the write to wait on the row lock", lambda: waiting_on_a_lock(admin_conn, pid)
             )
             if expires:
                 admin_conn.execute(
@@ -751,7 +739,7 @@ def test_the_id_is_taken_over_once_the_first_session_has_ended(
     with refused_untouched(admin_conn, "RL008", "while the first is open"):
         _register(second, hostname="host-b")
     first.close()
-    _wait_until("the first backend to exit", _gone(admin_conn, pid))
+    wait_until("the first backend to exit", _gone(admin_conn, pid))
     _register(second, hostname="host-b", pid=77)
     row = _worker_row(admin_conn)
     assert (row["hostname"], row["pid"], row["session_pid"]) == ("host-b", 77, _backend_pid(second))
@@ -786,7 +774,7 @@ def test_the_id_is_taken_over_from_a_killed_worker_process(
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    _wait_until("the killed worker's backend to exit", _gone(admin_conn, pid))
+    wait_until("the killed worker's backend to exit", _gone(admin_conn, pid))
     _register(second, hostname="host-b")
     assert _worker_row(admin_conn)["session_pid"] == _backend_pid(second)
 
@@ -837,7 +825,7 @@ def test_two_sessions_registering_a_new_id_at_once(connect: Connect, admin_conn:
         _register(first)
         blocked = pool.submit(_register, second, "dup", "host-b")
         try:
-            _wait_until("the second register to wait", lambda: _waiting_on_a_lock(admin_conn, pid))
+            wait_until("the second register to wait", lambda: waiting_on_a_lock(admin_conn, pid))
         finally:
             first.execute("COMMIT")
         with sqlstate("RL008", "second at once"):

@@ -12,7 +12,6 @@ import hashlib
 import json
 import re
 import threading
-import time
 from typing import Any
 
 import psycopg
@@ -23,7 +22,7 @@ from psycopg.rows import dict_row
 from runledger.audit import Anchor, audit
 from runledger.cli import main
 from runledger.db.store import Store
-from tests.contract.helpers import chain_links
+from tests.contract.helpers import chain_links, wait_until, waiting_on_a_lock
 
 Conn = psycopg.Connection[Any]
 CHAIN = {"event_chain_broken", "checkpoint_head_changed", "checkpoint_chain_broken"}
@@ -545,18 +544,6 @@ def test_three_writers_of_one_run_never_fork_its_chain(database_url: str, admin:
             "SELECT runledger._event('fork-1', %s, 'w1', 1, 0, '{}'::jsonb, now())", (kind,)
         )
 
-    def waiting(pid: int, event_type: str) -> bool:
-        row = admin.execute(
-            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
-        ).fetchone()
-        return row is not None and row["wait_event_type"] == event_type
-
-    def until(check: Any, what: str) -> None:
-        deadline = time.monotonic() + 15
-        while not check():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.01)
-
     admin.execute(
         "CREATE FUNCTION runledger.test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
         " IF current_setting('test.hold', true) = 'on' THEN"
@@ -580,12 +567,16 @@ def test_three_writers_of_one_run_never_fork_its_chain(database_url: str, admin:
             second.execute("SET test.hold = 'on'")
             pid2 = second.info.backend_pid
             appended = pool.submit(event, second, "renewal_failed")
-            until(lambda: waiting(pid2, "Lock"), "the second writer to wait for the first")
+            wait_until(
+                "the second writer to wait for the first", lambda: waiting_on_a_lock(admin, pid2)
+            )
             first.commit()
-            until(lambda: _held_on_advisory(admin, pid2), "the second writer held in its INSERT")
+            wait_until(
+                "the second writer held in its INSERT", lambda: _held_on_advisory(admin, pid2)
+            )
             pid3 = third.info.backend_pid
             last = pool.submit(event, third, "stale_write_rejected")
-            until(lambda: last.done() or waiting(pid3, "Lock"), "the third writer")
+            wait_until("the third writer", lambda: last.done() or waiting_on_a_lock(admin, pid3))
             gate.execute("SELECT pg_advisory_unlock(4242)")
             appended.result(timeout=15)
             last.result(timeout=15)

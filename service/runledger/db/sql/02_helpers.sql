@@ -312,11 +312,10 @@ $$;
 -- rows never change, so a waiter gets the same row once the holder ends), then checks in
 -- a new snapshot that it is still the last (revision 0021; before, it read the last hash
 -- again, which a third writer could have chained to as well) and locks the newer one
--- when it is not. Not the run's row
--- lock: the writers of renewal_failed and stale_write_rejected do not hold it, and a
--- lock on the run would make a concurrent claim skip it. A row lock takes no slot in the
--- lock table, so a failover that marks a million runs writes their events in one
--- transaction. The event id is drawn inside the INSERT, after its table lock:
+-- when it is not. Not the run's row lock: the writers of renewal_failed and
+-- stale_write_rejected do not hold it, and a lock on the run would make a concurrent
+-- claim skip it. A row lock takes no slot in the lock table, so a failover that marks a
+-- million runs writes their events in one transaction. The event id is drawn inside the INSERT, after its table lock:
 -- runledger.checkpoint_events, which takes the table in SHARE mode, never misses an id
 -- drawn before it and inserted after it.
 CREATE FUNCTION runledger._event(p_run_id text, p_kind text, p_actor text,
@@ -476,9 +475,9 @@ $$;
 -- it after their lease check, with the clock they read after the lock. Revision 0021:
 -- complete_call_v2 and record_turn_v4 write the same row themselves in their common case
 -- (in the UPDATE of the completed call; in the INSERT of the decision's calls) and call
--- this function otherwise: a change here is a change there too. It refuses a call that cannot be sent (final, unknown, awaiting approval), marks
--- it dispatched under the token and writes its call_dispatched event. Returns the attempt
--- number.
+-- this function otherwise: a change here is a change there too. It refuses a call that
+-- cannot be sent (final, unknown, awaiting approval), marks it dispatched under the token
+-- and writes its call_dispatched event. Returns the attempt number.
 -- Revision 0019: one UPDATE ... RETURNING instead of SELECT ... FOR UPDATE and an UPDATE
 -- of the same row (the lock was one more heap write and WAL record). The self-join reads
 -- the status before the update (the event's previous_status): the row read is the row
