@@ -20,7 +20,7 @@ from runledger.cli import main
 from runledger.db import migrate, schema
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
-HEAD = "0022"
+HEAD = "0023"
 
 
 def _script() -> ScriptDirectory:
