@@ -1,10 +1,13 @@
 """``runledger doctor``: check the connection, the server, the schema revision and the
 replication a deployment runs on (:mod:`runledger.doctor`). Registered on the
-``runledger`` group by :mod:`runledger.cli`; exit 1 when a check is not ok."""
+``runledger`` group by :mod:`runledger.cli`; exit 3 when the database is unreachable or its
+schema missing or behind (the CLI's code for that), else 1 when a check is not ok."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,6 +20,9 @@ from runledger.cli_options import (
     json_option,
 )
 
+if TYPE_CHECKING:
+    from runledger.doctor import Result
+
 
 @click.command(context_settings=CONTEXT)
 @database_option
@@ -24,7 +30,8 @@ from runledger.cli_options import (
 @json_option
 def doctor(database_url: str | None, connect_timeout: float, as_json: bool) -> None:
     """Check the connection, server, schema revision, replication, roles and clock; show
-    the settings (secrets redacted); exit 1 on a problem.
+    the settings (secrets redacted); exit 3 when the database is unreachable or its schema
+    missing or behind, 1 on any other problem.
 
     A warning is a setting under which a guarantee does not hold: an asynchronous
     standby, which a failover can promote with the last commits lost (docs/failover.md);
@@ -44,4 +51,16 @@ def doctor(database_url: str | None, connect_timeout: float, as_json: bool) -> N
     else:
         for r in results:
             click.echo(f"{r.status:<4} {r.check}: {r.detail}")
-    sys.exit(0 if all(r.ok for r in results) else 1)
+    sys.exit(exit_code(results))
+
+
+def exit_code(results: Sequence[Result]) -> int:
+    """0 when every check is ok; EXIT_UNAVAILABLE when the connection or the schema check
+    failed (what every other command exits with then); else EXIT_FAILED."""
+    from runledger.cli import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
+
+    if all(r.ok for r in results):
+        return EXIT_OK
+    if any(r.check in ("connection", "schema") and r.status == "fail" for r in results):
+        return EXIT_UNAVAILABLE
+    return EXIT_FAILED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import psycopg
@@ -56,7 +57,8 @@ def test_a_schema_behind_the_code_fails(
     assert results["schema"].status == "fail"
     assert "run `runledger migrate`" in results["schema"].detail
     result = CliRunner().invoke(main, ["doctor", "--database-url", database_url])
-    assert result.exit_code == 1
+    # the CLI's code for a schema behind the code, as every other command exits with
+    assert result.exit_code == 3
     assert "fail schema: revision 0001" in result.output
 
 
@@ -79,8 +81,22 @@ def test_no_server_is_one_failed_check() -> None:
     assert (result.check, result.status) == ("connection", "fail")
     assert (shown.check, shown.data["database_url"]) == ("settings", url)
     out = CliRunner().invoke(main, ["doctor", "--database-url", url, "--connect-timeout", "2"])
-    assert out.exit_code == 1
+    assert out.exit_code == 3  # database unreachable (runledger --help)
     assert out.output.startswith("fail connection: cannot connect")
+
+
+def test_a_database_without_the_schema_exits_3(
+    database_url: str, admin_conn: psycopg.Connection[Any]
+) -> None:
+    name = f"doctor_empty_{uuid.uuid4().hex[:8]}"
+    admin_conn.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
+    try:
+        empty = make_conninfo(database_url, dbname=name)
+        result = CliRunner().invoke(main, ["doctor", "--database-url", empty])
+        assert result.exit_code == 3, result.output
+        assert "fail schema: no runledger schema" in result.output
+    finally:
+        admin_conn.execute(f"DROP DATABASE {name} WITH (FORCE)")  # type: ignore[arg-type]
 
 
 def test_a_missing_role_warns_and_exits_1(
