@@ -5,10 +5,11 @@ of every claimable row, then a sort), installed beside the current one as
 ``runledger.claim_runs_baseline``. Both claim from the same backlog, alternating.
 
     .venv/bin/python bench/claim_scaling.py [--backlogs 10000,100000,1000000] [--claims 200]
-        [--baseline-max 100000]
+        [--baseline-max 100000] [--no-analyze]
 
 The backlog is submitted in one statement (``submit_run`` over ``generate_series``) and
-analyzed. The baseline scans and sorts every claimable row, so it is timed only up to
+analyzed (``--no-analyze``: claimed before any analyze, as a burst is before autovacuum's
+next one). The baseline scans and sorts every claimable row, so it is timed only up to
 ``--baseline-max`` queued runs (at a million, 200 of its claims take minutes).
 """
 
@@ -54,17 +55,31 @@ def main() -> None:
     parser.add_argument("--backlogs", default="10000,100000,1000000")
     parser.add_argument("--claims", type=int, default=200)
     parser.add_argument("--baseline-max", type=int, default=100_000)
+    parser.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="claim before the backlog is analyzed (a burst claimed before autovacuum's next"
+        " analyze; revision 0022)",
+    )
     args = parser.parse_args()
     with database() as db:
         print(f"PostgreSQL {db.version}, {db.source}")
         print("| queued runs | claim_runs ms (median) | baseline ms (median) | speed-up |")
         print("|---:|---:|---:|---:|")
         for backlog in (int(x) for x in args.backlogs.split(",")):
-            _measure(db.fresh(f"claims{backlog}"), backlog, args.claims, args.baseline_max)
+            _measure(
+                db.fresh(f"claims{backlog}"),
+                backlog,
+                args.claims,
+                args.baseline_max,
+                analyze=not args.no_analyze,
+            )
 
 
-def _measure(url: str, backlog: int, claims: int, baseline_max: int) -> None:
+def _measure(url: str, backlog: int, claims: int, baseline_max: int, *, analyze: bool) -> None:
     with psycopg.connect(url, autocommit=True) as c:
+        if not analyze:  # nor autovacuum while the claims run
+            c.execute("ALTER TABLE runledger.runs SET (autovacuum_enabled = false)")
         c.execute(BASELINE)
         c.execute(
             "SELECT count(*) FROM generate_series(0, %s - 1) n, LATERAL runledger.submit_run("
@@ -72,7 +87,8 @@ def _measure(url: str, backlog: int, claims: int, baseline_max: int) -> None:
             " jsonb_build_object('n', n), n %% 3) s",
             (backlog,),
         )
-        c.execute("ANALYZE runledger.runs")
+        if analyze:
+            c.execute("ANALYZE runledger.runs")
         timings: dict[str, list[float]] = {"claim_runs": [], "baseline": []}
         statements = [("claim_runs", "SELECT * FROM runledger.claim_runs('w', %s, '1 min', 1)")]
         if backlog <= baseline_max:
