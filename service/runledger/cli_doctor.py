@@ -55,12 +55,21 @@ def doctor(database_url: str | None, connect_timeout: float, as_json: bool) -> N
 
 
 def exit_code(results: Sequence[Result]) -> int:
-    """0 when every check is ok; EXIT_UNAVAILABLE when the connection or the schema check
-    failed (what every other command exits with then); else EXIT_FAILED."""
+    """0 when every check is ok; EXIT_UNAVAILABLE when the database is unreachable or its
+    schema missing or behind this code (what every other command exits with then); else
+    EXIT_FAILED, a revision newer than this code's included (every other command works
+    with that one: two releases share a database during a rolling deploy)."""
     from runledger.cli import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
+    from runledger.db.migrate import revision_chain
 
     if all(r.ok for r in results):
         return EXIT_OK
-    if any(r.check in ("connection", "schema") and r.status == "fail" for r in results):
-        return EXIT_UNAVAILABLE
+    behind = revision_chain()[:-1]
+    for r in results:
+        if r.status != "fail":
+            continue
+        if r.check == "connection":
+            return EXIT_UNAVAILABLE
+        if r.check == "schema" and r.data.get("revision", None) in (None, *behind):
+            return EXIT_UNAVAILABLE
     return EXIT_FAILED

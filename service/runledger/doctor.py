@@ -4,7 +4,8 @@ hold, checked against the database a worker would use.
 Each check is a :class:`Result` with a status: ``ok``; ``warn``, a setting under which
 some guarantee does not hold (an asynchronous standby: a failover to it loses commits,
 see docs/failover.md); ``fail``, something a worker cannot work with (no connection, a
-standby, a schema behind). ``runledger doctor`` exits 1 when any check is not ``ok``.
+standby, a schema behind). ``runledger doctor`` exits 3 when the database is unreachable or
+its schema missing or behind this code, else 1 when any check is not ``ok``.
 Read-only: nothing is written.
 
 The checks: the connection; the server (version, primary or standby); the schema

@@ -71,7 +71,9 @@ class RunConflict(RunLedgerError):
 
 
 class InvalidInput(RunLedgerError):
-    """Bad run id, non-object or oversized JSON, NUL characters, unknown words."""
+    """Bad run id, non-object or oversized JSON, NUL characters, unknown words; or a write
+    that extends a run's event chain from a REPEATABLE READ or SERIALIZABLE transaction
+    (revision 0023: the chain is extended in READ COMMITTED only)."""
 
     sqlstate = "RL006"
 

@@ -53,12 +53,15 @@ def test_a_chain_is_not_extended_from_a_snapshot_older_than_its_last_event(
     assert chain_links(admin_conn, lease.run_id) == [True] * (before + 1)
 
 
+@pytest.mark.parametrize("level", ("READ COMMITTED", "READ UNCOMMITTED"))
 def test_the_same_write_in_read_committed_chains_to_the_newest_event(
-    worker: Conn, worker2: Conn, admin_conn: Conn
+    worker: Conn, worker2: Conn, admin_conn: Conn, level: str
 ) -> None:
+    # READ UNCOMMITTED runs as READ COMMITTED in PostgreSQL: a snapshot per statement
     lease = submit_and_claim(worker)
     before = len(events(admin_conn, lease.run_id))
     worker2.autocommit = False
+    worker2.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")  # type: ignore[arg-type]
     assert scalar(worker2, "SELECT count(*) FROM runledger.runs") == 1
     report_stale_write(worker, lease, "complete_call")
     report_stale_write(worker2, lease, "dispatch_call")
@@ -77,3 +80,15 @@ def test_a_submit_in_the_callers_own_transaction_works_under_any_isolation(
     assert count(admin_conn, "runs") == 1
     assert [e["kind"] for e in events(admin_conn, "enqueued-with-the-order")] == ["submitted"]
     assert chain_links(admin_conn, "enqueued-with-the-order") == [True]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_resubmit_of_an_existing_run_writes_no_event_and_is_not_refused(
+    worker: Conn, admin_conn: Conn, level: str
+) -> None:
+    submit(worker, "submitted-twice")
+    worker.autocommit = False
+    worker.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")  # type: ignore[arg-type]
+    assert submit(worker, "submitted-twice") == ("submitted-twice", False)
+    worker.commit()
+    assert [e["kind"] for e in events(admin_conn, "submitted-twice")] == ["submitted"]

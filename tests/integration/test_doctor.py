@@ -62,6 +62,16 @@ def test_a_schema_behind_the_code_fails(
     assert "fail schema: revision 0001" in result.output
 
 
+def test_a_schema_newer_than_the_code_is_a_failed_check_not_unavailable(
+    database_url: str, admin_conn: psycopg.Connection[Any]
+) -> None:
+    # a rolling deploy: the next release migrated, this one still runs (and works)
+    admin_conn.execute("UPDATE runledger.alembic_version SET version_num = '9999'")
+    result = CliRunner().invoke(main, ["doctor", "--database-url", database_url])
+    assert result.exit_code == 1, result.output
+    assert "fail schema: revision 9999" in result.output
+
+
 def test_a_recorded_failover_is_listed(
     database_url: str, admin_conn: psycopg.Connection[Any]
 ) -> None:
