@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from .helpers import (
+    Lease,
     chain_links,
     count,
     events,
@@ -32,25 +33,32 @@ Conn = psycopg.Connection[Any]
 LEVELS = ("REPEATABLE READ", "SERIALIZABLE")
 
 
+def _behind_a_newer_event(worker: Conn, worker2: Conn, admin: Conn, level: str) -> Lease:
+    """A claimed run, a transaction of ``worker2`` at ``level`` that has taken its first
+    snapshot, and then an event of the run committed by a writer that does not lock it."""
+    lease = submit_and_claim(worker)
+    before = len(events(admin, lease.run_id))
+    worker2.autocommit = False
+    worker2.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")  # type: ignore[arg-type]
+    assert scalar(worker2, "SELECT count(*) FROM runledger.runs") == 1  # the snapshot
+    report_stale_write(worker, lease, "complete_call")
+    assert len(events(admin, lease.run_id)) == before + 1
+    return lease
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_chain_is_not_extended_from_a_snapshot_older_than_its_last_event(
     worker: Conn, worker2: Conn, admin_conn: Conn, level: str
 ) -> None:
-    lease = submit_and_claim(worker)
-    before = len(events(admin_conn, lease.run_id))
-    worker2.autocommit = False
-    worker2.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")  # type: ignore[arg-type]
-    assert scalar(worker2, "SELECT count(*) FROM runledger.runs") == 1  # the snapshot
-    # an event committed after that snapshot, by a writer that does not lock the run
-    report_stale_write(worker, lease, "complete_call")
-    assert len(events(admin_conn, lease.run_id)) == before + 1
+    lease = _behind_a_newer_event(worker, worker2, admin_conn, level)
+    written = len(events(admin_conn, lease.run_id))
     with refused(admin_conn, "RL006") as caught:
         report_stale_write(worker2, lease, "dispatch_call")
     worker2.rollback()
     assert "READ COMMITTED" in str(caught.value), caught.value
     assert level in str(caught.value), caught.value
     # the chain has no fork: every event links to the one before it
-    assert chain_links(admin_conn, lease.run_id) == [True] * (before + 1)
+    assert chain_links(admin_conn, lease.run_id) == [True] * written
 
 
 @pytest.mark.parametrize("level", ("READ COMMITTED", "READ UNCOMMITTED"))
@@ -58,15 +66,11 @@ def test_the_same_write_in_read_committed_chains_to_the_newest_event(
     worker: Conn, worker2: Conn, admin_conn: Conn, level: str
 ) -> None:
     # READ UNCOMMITTED runs as READ COMMITTED in PostgreSQL: a snapshot per statement
-    lease = submit_and_claim(worker)
-    before = len(events(admin_conn, lease.run_id))
-    worker2.autocommit = False
-    worker2.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")  # type: ignore[arg-type]
-    assert scalar(worker2, "SELECT count(*) FROM runledger.runs") == 1
-    report_stale_write(worker, lease, "complete_call")
+    lease = _behind_a_newer_event(worker, worker2, admin_conn, level)
+    written = len(events(admin_conn, lease.run_id))
     report_stale_write(worker2, lease, "dispatch_call")
     worker2.commit()
-    assert chain_links(admin_conn, lease.run_id) == [True] * (before + 2)
+    assert chain_links(admin_conn, lease.run_id) == [True] * (written + 1)
 
 
 @pytest.mark.parametrize("level", LEVELS)
