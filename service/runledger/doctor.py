@@ -10,7 +10,8 @@ Read-only: nothing is written.
 
 The checks: the connection; the server (version, primary or standby); the schema
 revision against this code's head; replication (synchronous or not); the timelines seen;
-the roles the schema grants to; this host's clock against the database's (warn past
+the roles the schema grants to; the default transaction isolation (READ COMMITTED);
+this host's clock against the database's (warn past
 :data:`MAX_CLOCK_SKEW`); the settings it ran with and the ``RUNLEDGER_*`` environment,
 the URL's password and any variable named like a secret redacted.
 """
@@ -203,6 +204,25 @@ def roles(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     return Result("roles", OK, f"roles present: {', '.join(present)}", data)
 
 
+def isolation(conn: psycopg.Connection[dict[str, Any]]) -> Result:
+    """This login's default transaction isolation, which every autocommit write takes: a
+    run's event chain is extended in READ COMMITTED transactions only (revision 0023;
+    RL006 under REPEATABLE READ or SERIALIZABLE). Set per database or role, so a worker
+    that logs in as another role may have another: run doctor with its URL too."""
+    level = _one(conn, "SELECT current_setting('default_transaction_isolation') AS level")
+    data = {"default_transaction_isolation": level["level"]}
+    if level["level"] in ("repeatable read", "serializable"):
+        return Result(
+            "isolation",
+            FAIL,
+            f"default_transaction_isolation is {level['level']}: every write after a run's "
+            "first event is refused (RL006); set it to read committed for runledger's roles "
+            "(ALTER ROLE ... SET or ALTER DATABASE ... SET)",
+            data,
+        )
+    return Result("isolation", OK, f"default_transaction_isolation {level['level']}", data)
+
+
 def clock(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     """This host's clock against the database's (``clock_timestamp()``, taken halfway
     through the round trip). runledger judges time by the database alone; a host far off
@@ -281,6 +301,7 @@ def run_doctor(database_url: str, *, connect_timeout: float) -> list[Result]:
         if results[-2].ok and not results[1].data.get("standby"):
             results.append(timelines(conn))
         results.append(roles(conn))
+        results.append(isolation(conn))
         results.append(clock(conn))
     results.append(settings(database_url, connect_timeout))
     return results

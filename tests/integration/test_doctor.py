@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from runledger import doctor
@@ -31,6 +32,7 @@ def test_a_primary_at_head_without_standbys_is_healthy(database_url: str) -> Non
         "replication",
         "timeline",
         "roles",
+        "isolation",
         "clock",
         "settings",
     ]
@@ -46,7 +48,7 @@ def test_a_primary_at_head_without_standbys_is_healthy(database_url: str) -> Non
     assert "no failover recorded" in results["timeline"].detail
     result = CliRunner().invoke(main, ["doctor", "--database-url", database_url, "--json"])
     assert result.exit_code == 0, result.output
-    assert [r["status"] for r in json.loads(result.output)] == ["ok"] * 8
+    assert [r["status"] for r in json.loads(result.output)] == ["ok"] * 9
 
 
 def test_a_schema_behind_the_code_fails(
@@ -119,6 +121,23 @@ def test_a_missing_role_warns_and_exits_1(
     result = CliRunner().invoke(main, ["doctor", "--database-url", database_url])
     assert result.exit_code == 1
     assert "warn roles: missing role(s) runledger_nobody" in result.output
+
+
+def test_a_default_isolation_above_read_committed_fails(
+    database_url: str, admin_conn: psycopg.Connection[Any]
+) -> None:
+    dbname = conninfo_to_dict(database_url)["dbname"]
+    admin_conn.execute(
+        sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'").format(
+            sql.Identifier(dbname)
+        )
+    )
+    results = _by_check(run_doctor(database_url, connect_timeout=5))
+    assert results["isolation"].status == "fail"
+    assert results["isolation"].data == {"default_transaction_isolation": "repeatable read"}
+    result = CliRunner().invoke(main, ["doctor", "--database-url", database_url])
+    assert result.exit_code == 1
+    assert "fail isolation: default_transaction_isolation is repeatable read" in result.output
 
 
 def test_a_host_clock_off_the_database_warns(
