@@ -60,16 +60,12 @@ def exit_code(results: Sequence[Result]) -> int:
     EXIT_FAILED, a revision newer than this code's included (every other command works
     with that one: two releases share a database during a rolling deploy)."""
     from runledger.cli import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
-    from runledger.db.migrate import revision_chain
 
     if all(r.ok for r in results):
         return EXIT_OK
-    behind = revision_chain()[:-1]
-    for r in results:
-        if r.status != "fail":
-            continue
-        if r.check == "connection":
-            return EXIT_UNAVAILABLE
-        if r.check == "schema" and r.data.get("revision", None) in (None, *behind):
-            return EXIT_UNAVAILABLE
-    return EXIT_FAILED
+    unavailable = any(
+        r.status == "fail"
+        and (r.check == "connection" or (r.check == "schema" and r.data["behind"]))
+        for r in results
+    )
+    return EXIT_UNAVAILABLE if unavailable else EXIT_FAILED

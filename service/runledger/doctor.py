@@ -10,10 +10,10 @@ Read-only: nothing is written.
 
 The checks: the connection; the server (version, primary or standby); the schema
 revision against this code's head; replication (synchronous or not); the timelines seen;
-the roles the schema grants to; the default transaction isolation (READ COMMITTED);
-this host's clock against the database's (warn past
-:data:`MAX_CLOCK_SKEW`); the settings it ran with and the ``RUNLEDGER_*`` environment,
-the URL's password and any variable named like a secret redacted.
+the roles the schema grants to; the default transaction isolation (READ COMMITTED); this
+host's clock against the database's (warn past :data:`MAX_CLOCK_SKEW`); the settings it
+ran with and the ``RUNLEDGER_*`` environment, the URL's password and any variable named
+like a secret redacted.
 """
 
 from __future__ import annotations
@@ -85,16 +85,27 @@ def schema(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     row = _one(conn, "SELECT to_regclass('runledger.alembic_version') IS NOT NULL AS present")
     if not row["present"]:
         return Result(
-            "schema", FAIL, "no runledger schema: run `runledger migrate`", {"head": head}
+            "schema",
+            FAIL,
+            "no runledger schema: run `runledger migrate`",
+            {"head": head, "behind": True},
         )
     found = conn.execute("SELECT version_num FROM runledger.alembic_version").fetchone()
     revision = found["version_num"] if found else None
-    data = {"revision": revision, "head": head}
-    if revision != head:
+    data = {"revision": revision, "head": head, "behind": migrate.behind(revision)}
+    if data["behind"]:
         return Result(
             "schema",
             FAIL,
             f"revision {revision}, this code's head is {head}: run `runledger migrate`",
+            data,
+        )
+    if revision != head:
+        # a newer release's schema (a rolling deploy): this code still works with it
+        return Result(
+            "schema",
+            FAIL,
+            f"revision {revision} is newer than this code's head {head}: upgrade runledger here",
             data,
         )
     return Result("schema", OK, f"revision {revision} (head)", data)
@@ -209,18 +220,18 @@ def isolation(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     run's event chain is extended in READ COMMITTED transactions only (revision 0023;
     RL006 under REPEATABLE READ or SERIALIZABLE). Set per database or role, so a worker
     that logs in as another role may have another: run doctor with its URL too."""
-    level = _one(conn, "SELECT current_setting('default_transaction_isolation') AS level")
-    data = {"default_transaction_isolation": level["level"]}
-    if level["level"] in ("repeatable read", "serializable"):
+    level = _one(conn, "SELECT current_setting('default_transaction_isolation') AS level")["level"]
+    data = {"default_transaction_isolation": level}
+    if level in ("repeatable read", "serializable"):
         return Result(
             "isolation",
             FAIL,
-            f"default_transaction_isolation is {level['level']}: every write after a run's "
-            "first event is refused (RL006); set it to read committed for runledger's roles "
-            "(ALTER ROLE ... SET or ALTER DATABASE ... SET)",
+            f"default_transaction_isolation is {level}: every write after a run's first event "
+            "is refused (RL006); set it to read committed for runledger's roles (ALTER ROLE "
+            "... SET or ALTER DATABASE ... SET)",
             data,
         )
-    return Result("isolation", OK, f"default_transaction_isolation {level['level']}", data)
+    return Result("isolation", OK, f"default_transaction_isolation {level}", data)
 
 
 def clock(conn: psycopg.Connection[dict[str, Any]]) -> Result:

@@ -249,7 +249,7 @@ def probe_blocking(
 
 
 async def _check_schema(conn: psycopg.AsyncConnection[Any], where: str) -> None:
-    from runledger.db.migrate import revision_chain
+    from runledger.db.migrate import behind, head
 
     cur = await conn.execute(
         "SELECT to_regclass('runledger.runs') IS NOT NULL, "
@@ -266,10 +266,9 @@ async def _check_schema(conn: psycopg.AsyncConnection[Any], where: str) -> None:
     cur = await conn.execute("SELECT version_num FROM runledger.alembic_version LIMIT 1")
     row = await cur.fetchone()
     version = None if row is None else str(row[0])
-    chain = revision_chain()
-    if version is None or version in chain[:-1]:
+    if behind(version):
         raise errors.SchemaMissing(
-            f"{where} is at schema revision {version or 'none'}, this code needs {chain[-1]}: "
+            f"{where} is at schema revision {version or 'none'}, this code needs {head()}: "
             "run `runledger migrate`"
         )
 

@@ -98,6 +98,13 @@ def head() -> str:
     return revision_chain()[-1]
 
 
+def behind(revision: str | None) -> bool:
+    """True for a schema this code cannot work with until ``runledger migrate``: no revision,
+    or one before the head. A revision this code does not know is a newer release's (two
+    releases share a database during a rolling deploy): not behind."""
+    return revision is None or revision in revision_chain()[:-1]
+
+
 def _assigned(tree: ast.Module, name: str) -> str | None:
     for node in tree.body:
         targets = (
