@@ -29,19 +29,22 @@ BEGIN
         SELECT e.event_id, e.hash INTO v_last, v_previous FROM runledger.run_events e
         WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1 FOR UPDATE;
         -- Revision 0023: that check needs a snapshot newer than the lock, which only READ
-        -- COMMITTED (and READ UNCOMMITTED, the same in PostgreSQL) takes. Under REPEATABLE READ or SERIALIZABLE the INSERT sees the
-        -- transaction's first snapshot: an event committed since is not seen, and the
-        -- new one would chain to the same event as it (a fork). So a run's chain is
-        -- extended only in READ COMMITTED; its first event (a submit inside the
-        -- caller's own transaction) is written under any isolation.
+        -- COMMITTED (and READ UNCOMMITTED, the same in PostgreSQL) takes. Under
+        -- REPEATABLE READ or SERIALIZABLE the INSERT sees the transaction's first
+        -- snapshot: an event committed since is not seen, and the new one would chain to
+        -- the same event as it (a fork). So a run's chain is extended only in READ
+        -- COMMITTED; its first event (a submit inside the caller's own transaction) is
+        -- written under any isolation.
         IF v_last IS NOT NULL
            AND pg_catalog.current_setting('transaction_isolation')
                IN ('repeatable read', 'serializable') THEN
             PERFORM runledger._raise('RL006',
                 format('events of run %s are written in READ COMMITTED transactions only, not %s',
                        p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
-                'a transaction with one snapshot does not see the events committed since it began, and the run''s hash chain would fork',
-                'call the contract functions in autocommit or in a READ COMMITTED transaction, with default_transaction_isolation read committed');
+                'a transaction with one snapshot does not see the events committed since it'
+                || ' began, and the run''s hash chain would fork',
+                'call the contract functions in autocommit or in a READ COMMITTED transaction,'
+                || ' with default_transaction_isolation read committed');
         END IF;
         INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
                                           state_version, detail, hash)

@@ -315,9 +315,9 @@ $$;
 -- when it is not. Not the run's row lock: the writers of renewal_failed and
 -- stale_write_rejected do not hold it, and a lock on the run would make a concurrent
 -- claim skip it. A row lock takes no slot in the lock table, so a failover that marks a
--- million runs writes their events in one transaction. The event id is drawn inside the INSERT, after its table lock:
--- runledger.checkpoint_events, which takes the table in SHARE mode, never misses an id
--- drawn before it and inserted after it.
+-- million runs writes their events in one transaction. The event id is drawn inside the
+-- INSERT, after its table lock: runledger.checkpoint_events, which takes the table in
+-- SHARE mode, never misses an id drawn before it and inserted after it.
 CREATE FUNCTION runledger._event(p_run_id text, p_kind text, p_actor text,
                                  p_fencing_token bigint, p_state_version bigint,
                                  p_detail jsonb, p_at timestamptz DEFAULT NULL) RETURNS void
@@ -340,19 +340,22 @@ BEGIN
         SELECT e.event_id, e.hash INTO v_last, v_previous FROM runledger.run_events e
         WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1 FOR UPDATE;
         -- Revision 0023: that check needs a snapshot newer than the lock, which only READ
-        -- COMMITTED (and READ UNCOMMITTED, the same in PostgreSQL) takes. Under REPEATABLE READ or SERIALIZABLE the INSERT sees the
-        -- transaction's first snapshot: an event committed since is not seen, and the
-        -- new one would chain to the same event as it (a fork). So a run's chain is
-        -- extended only in READ COMMITTED; its first event (a submit inside the
-        -- caller's own transaction) is written under any isolation.
+        -- COMMITTED (and READ UNCOMMITTED, the same in PostgreSQL) takes. Under
+        -- REPEATABLE READ or SERIALIZABLE the INSERT sees the transaction's first
+        -- snapshot: an event committed since is not seen, and the new one would chain to
+        -- the same event as it (a fork). So a run's chain is extended only in READ
+        -- COMMITTED; its first event (a submit inside the caller's own transaction) is
+        -- written under any isolation.
         IF v_last IS NOT NULL
            AND pg_catalog.current_setting('transaction_isolation')
                IN ('repeatable read', 'serializable') THEN
             PERFORM runledger._raise('RL006',
                 format('events of run %s are written in READ COMMITTED transactions only, not %s',
                        p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
-                'a transaction with one snapshot does not see the events committed since it began, and the run''s hash chain would fork',
-                'call the contract functions in autocommit or in a READ COMMITTED transaction, with default_transaction_isolation read committed');
+                'a transaction with one snapshot does not see the events committed since it'
+                || ' began, and the run''s hash chain would fork',
+                'call the contract functions in autocommit or in a READ COMMITTED transaction,'
+                || ' with default_transaction_isolation read committed');
         END IF;
         INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
                                           state_version, detail, hash)
