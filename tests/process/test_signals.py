@@ -8,7 +8,15 @@ import pytest
 
 from runledger.testing import wait_for
 from tests.integration.test_supervisor import NOTE_REGISTRATIONS, REGISTRATIONS
-from tests.process.conftest import LEASE, call_rows, events, run_row, submit, wait_status
+from tests.process.conftest import (
+    LEASE,
+    call_rows,
+    events,
+    listening_backend,
+    run_row,
+    submit,
+    wait_status,
+)
 
 pytestmark = pytest.mark.process
 
@@ -121,7 +129,9 @@ def test_killed_listener_does_not_stop_claiming(
         ).fetchall()
         return [r[0] for r in rows]
 
-    (old,) = wait_for(listener_pids, what="w0's listener connection")
+    # started on its listener (a session ended before that is a failed start, exit 3)
+    old = wait_for(lambda: listening_backend(admin_conn, "w0"), what="w0's listener up")
+    assert listener_pids() == [old]
     # w0 registered from its listener's session
     assert wait_for(registrations, what="w0's registration") == [old]
     admin_conn.execute("SELECT pg_terminate_backend(%s)", (old,))

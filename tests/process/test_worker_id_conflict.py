@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from runledger.testing import wait_for
-from tests.process.conftest import events, submit, wait_status
+from tests.process.conftest import events, listening_backend, submit, wait_status
 
 pytestmark = pytest.mark.process
 
@@ -65,15 +65,7 @@ def test_a_worker_whose_id_was_taken_while_its_listener_was_away_stops(
 ) -> None:
     args = ["--lease-seconds", "30"]  # w0 is SIGSTOPped a moment: keep its leases valid
     (w0,) = workers.start(1, args=args)
-    listener = wait_for(
-        lambda: admin_conn.execute(
-            # started: registered on its listener, which now LISTENs (a cut before that is a
-            # failed start, exit 3, not the conflict this test is about) and heartbeats
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'runledger-listener:w0'"
-            " AND (query = 'LISTEN runledger_runs' OR query LIKE '%%heartbeat_listener%%')"
-        ).fetchone(),
-        what="w0's listener listening",
-    )[0]
+    listener = wait_for(lambda: listening_backend(admin_conn, "w0"), what="w0's listener up")
     wait_for(lambda: _registered_pid(admin_conn) == workers.pid(w0), what="w0 registered")
 
     # cut w0 off: frozen, its listener session ended by the server; another takes the id
