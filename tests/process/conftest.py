@@ -74,9 +74,9 @@ def wait_status(
 
 
 def listening_backend(conn: psycopg.Connection[Any], worker_id: str) -> int | None:
-    """The backend pid of ``worker_id``'s listener session once the worker has started on
-    it: registered, its LISTEN answered or its heartbeat begun (a session ended before that is a failed
-    start, exit 3, not a lost listener)."""
+    """The backend pid of ``worker_id``'s listener session once the worker has started
+    on it: registered, its LISTEN answered or its heartbeat begun (a session ended before
+    that is a failed start, exit 3, not a lost listener)."""
     row = conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE application_name = 'runledger-listener:' || %s"
         " AND ((query = 'LISTEN runledger_runs' AND state = 'idle')"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
 import pytest
 
 from runledger.testing import wait_for
+from runledger.worker.listening import REGISTER_PATIENCE
 from tests.integration.test_supervisor import NOTE_REGISTRATIONS, REGISTRATIONS
 from tests.process.conftest import (
     LEASE,
@@ -143,3 +147,44 @@ def test_killed_listener_does_not_stop_claiming(
     # and registered again on it
     assert wait_for(lambda: len(registrations()) == 2 and registrations()) == [old, *new]
     assert workers.alive(w0)
+
+
+def registered_session(admin_conn: Any) -> int:
+    row = admin_conn.execute(
+        "SELECT session_pid FROM runledger.workers WHERE worker_id = 'w0'"
+    ).fetchone()
+    return int(row[0])
+
+
+def test_a_lost_listener_session_the_server_still_holds_is_waited_for(
+    workers: Any, provider: Any, admin_conn: Any, lease_args: list[str]
+) -> None:
+    """The worker gave its listener session up (no heartbeat answered within the budget)
+    but the server has not ended it yet, as after a partition shorter than the server's
+    keepalives: the session's backend is SIGSTOPped here. Registering again is refused
+    while that session lives, for longer than the patience a predecessor's session gets
+    at start; the worker waits for its own session to end instead of stopping, then
+    registers again and works on."""
+    (w0,) = workers.start(1, args=lease_args)
+    old = wait_for(lambda: listening_backend(admin_conn, "w0"), what="w0's listener up")
+    os.kill(old, signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: "previous listener session" in workers.log(w0) or not workers.alive(w0),
+            what="w0 waiting for its previous session to end",
+        )
+        assert workers.alive(w0), workers.log(w0)
+        past = time.monotonic() + REGISTER_PATIENCE + 1.0
+        wait_for(lambda: time.monotonic() >= past or not workers.alive(w0), what="patience")
+        assert workers.alive(w0), workers.log(w0)
+        assert registered_session(admin_conn) == old  # not registered again meanwhile
+    finally:
+        os.kill(old, signal.SIGCONT)  # it reads the worker's goodbye and exits
+    new = wait_for(
+        lambda: (pid := registered_session(admin_conn)) != old and pid, what="w0 registered again"
+    )
+    assert wait_for(lambda: listening_backend(admin_conn, "w0") == new, what="listening") is True
+    submit(admin_conn, "after-wait", [[{"tool": "ticket"}]])
+    wait_status(admin_conn, "after-wait", ("succeeded",))
+    assert [e["actor"] for e in events(admin_conn, "after-wait", "claimed")] == ["w0"]
+    assert "Traceback" not in workers.log(w0)

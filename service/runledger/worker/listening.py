@@ -106,19 +106,39 @@ class Listening:
             )
         return session
 
-    async def _register(self, store: Store) -> ListenerSession:
+    async def _register(self, store: Store, previous: int | None = None) -> ListenerSession:
         """Open the listener and register on it; a refused worker id is retried for up to
         ``REGISTER_PATIENCE`` s (a predecessor's backend may still be exiting), then
-        raised."""
+        raised.
+
+        ``previous``: the backend pid of the listener session this worker lost, when it
+        registers again. A refusal because that very session still holds the id is
+        retried for as long as the server keeps it: the worker gave the session up (and
+        fenced its runs), the server has not noticed yet (a partition that healed before
+        the session's keepalives ended it, ``SERVER_MIN_DROP`` s at least; a backend slow
+        to exit). The id is not another worker's, so stopping would be wrong."""
         deadline = time.monotonic() + REGISTER_PATIENCE
         delay = 0.1
+        said: set[str] = set()  # one line per kind of refusal, not one per attempt
         while True:
             try:
                 session = await self._open_listener(store)
             except Exception as exc:
-                if not is_worker_conflict(exc) or time.monotonic() + delay > deadline:
+                if not is_worker_conflict(exc):
                     raise
-                if delay == 0.1:  # one line, not one per attempt
+                if previous is not None and await self._still_ours(store, previous):
+                    if "ours" not in said:
+                        said.add("ours")
+                        log.warning(
+                            "this worker's previous listener session (backend %s) is still "
+                            "open on the server; registering again once it has ended",
+                            previous,
+                            extra={"worker_id": self.worker_id},
+                        )
+                elif time.monotonic() + delay > deadline:
+                    raise
+                elif "live" not in said:
+                    said.add("live")
                     log.warning(
                         "worker id in use by a live session; retrying for up to %.0f s",
                         REGISTER_PATIENCE,
@@ -129,6 +149,18 @@ class Listening:
                 return session
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    async def _still_ours(self, store: Store, backend: int) -> bool:
+        """Whether the worker id is still registered by this process on the session whose
+        backend pid is ``backend``."""
+        row = await store.registration(self.worker_id)
+        return (
+            row is not None
+            and row["stopped_at"] is None
+            and row["session_pid"] == backend
+            and row["pid"] == os.getpid()
+            and row["hostname"] == socket.gethostname()
+        )
 
     def _listener_up(self, session: ListenerSession) -> None:
         self._generation += 1
@@ -169,15 +201,17 @@ class Listening:
     async def _listener(self, session: ListenerSession | None) -> None:
         assert self.store is not None
         delay = 0.1
+        previous: int | None = None  # the backend of the session last registered on
         while True:
             try:
                 if session is None:
                     try:
-                        session = await self._register(self.store)
+                        session = await self._register(self.store, previous)
                     except Exception as exc:
                         if is_worker_conflict(exc):
                             raise WorkerIdTaken(conflict_message(self.worker_id, exc)) from exc
                         raise
+                previous = session.backend_pid
                 async with session.conn:
                     delay = 0.1
                     await self._serve(session)
