@@ -33,7 +33,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,14 +149,18 @@ async def open_session(
     pid: int,
     flows: Sequence[str],
     session_locks: bool,
+    opened: Callable[[int], None] | None = None,
 ) -> ListenerSession:
     """A new listener connection: its timeouts set, registered on (with a session lock
-    where the session is trusted), and listening."""
+    where the session is trusted), and listening. ``opened`` is told the backend pid of
+    the connection as soon as it is open, before anything is registered on it."""
     conn = await psycopg.AsyncConnection.connect(
         make_conninfo(url, **CLIENT_TCP),
         autocommit=True,
         application_name=f"runledger-listener:{worker_id}"[:63],
     )
+    if opened is not None:
+        opened(conn.info.backend_pid)
     try:
         untrusted: str | None = "session locks are off (--no-session-locks)"
         if session_locks:

@@ -8,6 +8,7 @@ lost. The session itself (settings, trust, lock, heartbeat statement) is
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import os
@@ -81,6 +82,9 @@ class Listening:
         self._vouch = Vouch()  # the same deadline, as every run claimed under it sees it
         self._generation = 0
         self._warned_untrusted = False
+        # the backend pids of the listener sessions this process opened last (one may still
+        # hold the registration after the worker gave it up: _register waits for it)
+        self._own_backends: collections.deque[int] = collections.deque(maxlen=16)
 
     def _fence(self, active: ActiveRun, why: str) -> None:
         raise NotImplementedError
@@ -96,6 +100,7 @@ class Listening:
             pid=os.getpid(),
             flows=sorted(self.flows),
             session_locks=self.session_locks,
+            opened=self._own_backends.append,
         )
         if session.untrusted is not None and self.session_locks and not self._warned_untrusted:
             self._warned_untrusted = True  # once: it is the deployment, not an event
@@ -106,17 +111,16 @@ class Listening:
             )
         return session
 
-    async def _register(self, store: Store, previous: int | None = None) -> ListenerSession:
+    async def _register(self, store: Store) -> ListenerSession:
         """Open the listener and register on it; a refused worker id is retried for up to
         ``REGISTER_PATIENCE`` s (a predecessor's backend may still be exiting), then
         raised.
 
-        ``previous``: the backend pid of the listener session this worker lost, when it
-        registers again. A refusal because that very session still holds the id is
-        retried for as long as the server keeps it: the worker gave the session up (and
-        fenced its runs), the server has not noticed yet (a partition that healed before
-        the session's keepalives ended it, ``SERVER_MIN_DROP`` s at least; a backend slow
-        to exit). The id is not another worker's, so stopping would be wrong."""
+        A refusal because a listener session of this very process still holds the id (when
+        it registers again) is retried for as long as the server keeps that session: the
+        worker gave it up and fenced its runs, the server has not noticed yet (a partition
+        that healed before the session's keepalives ended it; a backend slow to exit or
+        stopped). The id is not another worker's, so stopping would be wrong."""
         deadline = time.monotonic() + REGISTER_PATIENCE
         delay = 0.1
         said: set[str] = set()  # one line per kind of refusal, not one per attempt
@@ -126,13 +130,14 @@ class Listening:
             except Exception as exc:
                 if not is_worker_conflict(exc):
                     raise
-                if previous is not None and await self._still_ours(store, previous):
+                held_by = await self._held_by_own_session(store)
+                if held_by is not None:
                     if "ours" not in said:
                         said.add("ours")
                         log.warning(
                             "this worker's previous listener session (backend %s) is still "
                             "open on the server; registering again once it has ended",
-                            previous,
+                            held_by,
                             extra={"worker_id": self.worker_id},
                         )
                 elif time.monotonic() + delay > deadline:
@@ -150,17 +155,19 @@ class Listening:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def _still_ours(self, store: Store, backend: int) -> bool:
-        """Whether the worker id is still registered by this process on the session whose
-        backend pid is ``backend``."""
+    async def _held_by_own_session(self, store: Store) -> int | None:
+        """The backend pid of the listener session of this process that the worker id is
+        registered on, if it is one (None if another process registered it)."""
         row = await store.registration(self.worker_id)
-        return (
+        if (
             row is not None
             and row["stopped_at"] is None
-            and row["session_pid"] == backend
+            and row["session_pid"] in self._own_backends
             and row["pid"] == os.getpid()
             and row["hostname"] == socket.gethostname()
-        )
+        ):
+            return int(row["session_pid"])
+        return None
 
     def _listener_up(self, session: ListenerSession) -> None:
         self._generation += 1
@@ -201,17 +208,15 @@ class Listening:
     async def _listener(self, session: ListenerSession | None) -> None:
         assert self.store is not None
         delay = 0.1
-        previous: int | None = None  # the backend of the session last registered on
         while True:
             try:
                 if session is None:
                     try:
-                        session = await self._register(self.store, previous)
+                        session = await self._register(self.store)
                     except Exception as exc:
                         if is_worker_conflict(exc):
                             raise WorkerIdTaken(conflict_message(self.worker_id, exc)) from exc
                         raise
-                previous = session.backend_pid
                 async with session.conn:
                     delay = 0.1
                     await self._serve(session)
