@@ -4,10 +4,12 @@ never a queued, running or paused run, never waiting on a lock."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from runledger.testing import DbClock
 
@@ -126,3 +128,27 @@ def test_bad_arguments_are_refused_and_nothing_is_deleted(
 def test_a_worker_may_not_prune(worker: Conn, admin_conn: Conn) -> None:
     with refused(admin_conn, "42501"):
         worker.execute("SELECT runledger.prune_runs_v2(now(), true, 10)")
+
+
+def test_a_pruned_chain_records_the_login_that_pruned_it(
+    worker: Conn, admin_conn: Conn, database_url: str, db_clock: DbClock
+) -> None:
+    _finished(worker, "a")
+    _finished(worker, "b")
+    db_clock.advance(60)
+    login = f"rl_pruner_{uuid.uuid4().hex[:8]}"  # roles are the cluster's: a name of its own
+    admin_conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE runledger_operator")
+    try:
+        with psycopg.connect(make_conninfo(database_url, user=login), autocommit=True) as op:
+            op.execute("SET ROLE runledger_operator")  # the role taken; the login stays hers
+            assert scalar(op, "SELECT runledger.prune_runs_v2(runledger.now(), false, 1)") == 1
+    finally:
+        admin_conn.execute(f"DROP ROLE {login}")
+    assert scalar(admin_conn, "SELECT runledger.prune_runs(runledger.now(), false)") == 1
+    me = scalar(admin_conn, "SELECT session_user")
+    pruned = rows(
+        admin_conn,
+        "SELECT run_id, events, pruned_by FROM runledger.event_chain_prunes ORDER BY run_id",
+    )
+    assert [(r["run_id"], r["pruned_by"]) for r in pruned] == [("a", login), ("b", me)]
+    assert all(r["events"] > 0 for r in pruned)

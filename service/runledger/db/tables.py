@@ -332,6 +332,7 @@ event_chain_prunes: Final = Table(
     Column("last_hash", LargeBinary, nullable=True),
     Column("events", Integer, nullable=False),
     Column("pruned_at", _tstz(), nullable=False),
+    Column("pruned_by", Text, nullable=True),  # revision 0024
     PrimaryKeyConstraint("run_id", "last_event_id"),
 )
 

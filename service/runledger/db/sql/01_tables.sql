@@ -199,6 +199,7 @@ CREATE TABLE runledger.event_chain_prunes (
     last_hash bytea,
     events integer NOT NULL,
     pruned_at timestamptz NOT NULL,
+    pruned_by text,  -- revision 0024: the database login (NULL: pruned before 0024)
     CONSTRAINT pk_event_chain_prunes PRIMARY KEY (run_id, last_event_id)
 );
 

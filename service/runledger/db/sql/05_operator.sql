@@ -334,11 +334,13 @@ BEGIN
         WHERE NOT p_keep_events AND e.run_id IN (SELECT g.run_id FROM gone g)
         RETURNING e.run_id, e.event_id, e.hash
     ), chains AS (
-        -- revision 0016: each deleted chain, so that audit tells it from a tampered one
+        -- revision 0016: each deleted chain, so that audit tells it from a tampered one;
+        -- revision 0024: and the database login that deleted it (session_user: this
+        -- function runs as its owner, current_user would name the owner)
         INSERT INTO runledger.event_chain_prunes (run_id, last_event_id, last_hash, events,
-                                                  pruned_at)
+                                                  pruned_at, pruned_by)
         SELECT DISTINCT ON (d.run_id) d.run_id, d.event_id, d.hash,
-               count(*) OVER (PARTITION BY d.run_id), runledger.now()
+               count(*) OVER (PARTITION BY d.run_id), runledger.now(), session_user
         FROM events d ORDER BY d.run_id, d.event_id DESC
     )
     SELECT count(*) INTO v_count FROM gone;
