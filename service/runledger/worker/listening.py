@@ -33,6 +33,8 @@ WORKER_CONFLICT = "RL008"  # runledger.errors.WorkerConflict
 # how long a refused registration is retried: the backend of a predecessor that was just
 # SIGKILLed with this id may take a moment to notice and exit
 REGISTER_PATIENCE = 5.0
+# while the worker's own lost listener session still holds its id: said again this often
+OWN_SESSION_RETELL = 60.0
 
 
 def is_worker_conflict(exc: BaseException) -> bool:
@@ -124,6 +126,8 @@ class Listening:
         deadline = time.monotonic() + REGISTER_PATIENCE
         delay = 0.1
         said: set[str] = set()  # one line per kind of refusal, not one per attempt
+        waiting_since: float | None = None
+        told_at = -math.inf
         while True:
             try:
                 session = await self._open_listener(store)
@@ -132,12 +136,16 @@ class Listening:
                     raise
                 held_by = await self._held_by_own_session(store)
                 if held_by is not None:
-                    if "ours" not in said:
-                        said.add("ours")
+                    now = time.monotonic()
+                    waiting_since = waiting_since or now
+                    if now - told_at >= OWN_SESSION_RETELL:  # again each minute it lasts
+                        told_at = now
                         log.warning(
                             "this worker's previous listener session (backend %s) is still "
-                            "open on the server; registering again once it has ended",
+                            "open on the server (for %.0f s now); registering again once it "
+                            "has ended",
                             held_by,
+                            now - waiting_since,
                             extra={"worker_id": self.worker_id},
                         )
                 elif time.monotonic() + delay > deadline:
