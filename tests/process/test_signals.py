@@ -21,6 +21,7 @@ from tests.process.conftest import (
     submit,
     wait_status,
 )
+from tests.process.test_health_endpoints import answers, free_port, get
 
 pytestmark = pytest.mark.process
 
@@ -163,27 +164,63 @@ def test_a_lost_listener_session_the_server_still_holds_is_waited_for(
     but the server has not ended it yet, as after a partition shorter than the server's
     keepalives: the session's backend is SIGSTOPped here. Registering again is refused
     while that session lives, for longer than the patience a predecessor's session gets
-    at start; the worker waits for its own session to end instead of stopping, then
-    registers again and works on."""
-    (w0,) = workers.start(1, args=lease_args)
-    old = wait_for(lambda: listening_backend(admin_conn, "w0"), what="w0's listener up")
-    os.kill(old, signal.SIGSTOP)
+    at start and for more attempts than the worker remembers sessions of its own; the
+    worker waits for its own session to end instead of stopping, then registers again
+    and works on; /readyz says claiming is paused meanwhile."""
+    port = free_port()
+    (w0,) = workers.start(
+        1, args=[*lease_args, "--http-port", str(port), "--http-host", "127.0.0.1"]
+    )
+    assert wait_for(lambda: answers(port, "/readyz"), what="/readyz") == (200, "ok\n")
+
+    def stopped_while_idle() -> int | None:
+        pid = wait_for(lambda: listening_backend(admin_conn, "w0"), what="w0's listener up")
+        os.kill(pid, signal.SIGSTOP)
+        # not inside a heartbeat, whose locks would hold the next registration up
+        state = admin_conn.execute(
+            "SELECT state FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+        if state == ("idle",):
+            return pid
+        os.kill(pid, signal.SIGCONT)
+        return None
+
+    def sessions() -> int:
+        row = admin_conn.execute(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+        return int(row[0])
+
+    old = wait_for(stopped_while_idle, what="w0's listener stopped while idle")
     try:
         wait_for(
             lambda: "previous listener session" in workers.log(w0) or not workers.alive(w0),
             what="w0 waiting for its previous session to end",
         )
         assert workers.alive(w0), workers.log(w0)
-        past = time.monotonic() + REGISTER_PATIENCE + 1.0
-        wait_for(lambda: time.monotonic() >= past or not workers.alive(w0), what="patience")
+        # each attempt is a session of its own: more of them than the 16 it remembers,
+        # and longer than REGISTER_PATIENCE
+        started, since = sessions(), time.monotonic()
+        wait_for(
+            lambda: sessions() - started >= 20 or not workers.alive(w0),
+            timeout=90,
+            interval=0.5,
+            what="20 refused attempts",
+        )
         assert workers.alive(w0), workers.log(w0)
+        assert time.monotonic() - since > REGISTER_PATIENCE
         assert registered_session(admin_conn) == old  # not registered again meanwhile
+        assert get(port, "/readyz") == (
+            503,
+            "not ready: the listener session is down: claiming paused until it is back\n",
+        )
     finally:
         os.kill(old, signal.SIGCONT)  # it reads the worker's goodbye and exits
     new = wait_for(
         lambda: (pid := registered_session(admin_conn)) != old and pid, what="w0 registered again"
     )
     assert wait_for(lambda: listening_backend(admin_conn, "w0") == new, what="listening") is True
+    assert get(port, "/readyz") == (200, "ok\n")
     submit(admin_conn, "after-wait", [[{"tool": "ticket"}]])
     wait_status(admin_conn, "after-wait", ("succeeded",))
     assert [e["actor"] for e in events(admin_conn, "after-wait", "claimed")] == ["w0"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from runledger import errors
@@ -9,6 +10,20 @@ from runledger.db.execution import Executor
 from runledger.db.rows import Journal, call_from_row, journal_from, run_from_row
 from runledger.db.validate import check_text
 from runledger.model import RUN_ID_RE, Call, Event, Run
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """Who holds a worker id: the process that registered it (``hostname``, ``pid``),
+    the backend pid of the database session it registered on, and whether that very
+    session is still open as the id's listener (same backend start, same application
+    name: not a later backend that reuses the pid)."""
+
+    hostname: str
+    pid: int
+    session_pid: int | None
+    stopped: bool
+    session_open: bool
 
 
 class Reads(Executor):
@@ -88,6 +103,21 @@ class Reads(Executor):
             )
             for r in rows
         ]
+
+    async def worker_registration(self, worker_id: str) -> Registration | None:
+        """``worker_id``'s row in ``workers`` (None when it was never registered), with
+        whether the session it was registered on is still open."""
+        check_text("worker id", worker_id)
+        rows = await self._read(
+            "SELECT w.hostname, w.pid, w.session_pid, w.stopped_at IS NOT NULL AS stopped,"
+            " EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a"
+            "         WHERE a.pid = w.session_pid AND a.backend_start = w.session_started_at"
+            "           AND a.application_name = left('runledger-listener:' || w.worker_id, 63))"
+            " AS session_open"
+            " FROM runledger.workers w WHERE w.worker_id = %s",
+            (worker_id,),
+        )
+        return Registration(**rows[0]) if rows else None
 
     async def known_flows(self) -> set[str]:
         """Every ``name@version`` a worker ever registered."""

@@ -438,18 +438,6 @@ class Store(FastPath):
         assert row is not None
         return int(row[0]), bool(row[1])
 
-    async def registration(self, worker_id: str) -> dict[str, Any] | None:
-        """``worker_id``'s row in ``workers``: the process that registered it (hostname,
-        pid), the database session it registered on (session_pid) and stopped_at; None
-        when the id was never registered."""
-        check_text("worker id", worker_id)
-        rows = await self._read(
-            "SELECT hostname, pid, session_pid, stopped_at FROM runledger.workers"
-            " WHERE worker_id = %s",
-            (worker_id,),
-        )
-        return rows[0] if rows else None
-
     async def heartbeat_worker(self, worker_id: str, *, stopped: bool = False) -> None:
         await self._read("SELECT runledger.heartbeat_worker(%s, %s)", (worker_id, stopped))
 

@@ -84,26 +84,40 @@ class Listening:
         self._vouch = Vouch()  # the same deadline, as every run claimed under it sees it
         self._generation = 0
         self._warned_untrusted = False
-        # the backend pids of the listener sessions this process opened last (one may still
-        # hold the registration after the worker gave it up: _register waits for it)
+        # the backend pids of the last listener sessions this process opened that were not
+        # refused (one may still hold the registration after the worker gave it up, or
+        # registered before it failed: _register waits for it)
         self._own_backends: collections.deque[int] = collections.deque(maxlen=16)
 
     def _fence(self, active: ActiveRun, why: str) -> None:
         raise NotImplementedError
 
+    @property
+    def claims_paused(self) -> bool:
+        """The listener that held a session lock is down: nothing is claimed until it is
+        back with a new one (a claim would stamp the lock of a session that ended)."""
+        return self._locked and not self._listening
+
     async def _open_listener(self, store: Store) -> ListenerSession:
         """A new listener session: registered on (the registration is this session's,
         with a session lock where it is trusted) and listening."""
-        session = await listener.open_session(
-            self.database_url,
-            store,
-            worker_id=self.worker_id,
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            flows=sorted(self.flows),
-            session_locks=self.session_locks,
-            opened=self._own_backends.append,
-        )
+        opened: list[int] = []
+        try:
+            session = await listener.open_session(
+                self.database_url,
+                store,
+                worker_id=self.worker_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                flows=sorted(self.flows),
+                session_locks=self.session_locks,
+                opened=opened.append,
+            )
+        except Exception as exc:
+            if not is_worker_conflict(exc):  # refused: that session holds nothing
+                self._own_backends.extend(opened)
+            raise
+        self._own_backends.extend(opened)
         if session.untrusted is not None and self.session_locks and not self._warned_untrusted:
             self._warned_untrusted = True  # once: it is the deployment, not an event
             log.warning(
@@ -119,13 +133,13 @@ class Listening:
         raised.
 
         A refusal because a listener session of this very process still holds the id (when
-        it registers again) is retried for as long as the server keeps that session: the
-        worker gave it up and fenced its runs, the server has not noticed yet (a partition
-        that healed before the session's keepalives ended it; a backend slow to exit or
+        it registers again) is retried for as long as that session is open: the worker
+        gave it up and fenced its runs, the server has not noticed yet (a partition that
+        healed before the session's keepalives ended it; a backend slow to exit or
         stopped). The id is not another worker's, so stopping would be wrong."""
         deadline = time.monotonic() + REGISTER_PATIENCE
         delay = 0.1
-        said: set[str] = set()  # one line per kind of refusal, not one per attempt
+        warned = False  # a live session of another process: one line, not one per attempt
         waiting_since: float | None = None
         told_at = -math.inf
         while True:
@@ -137,21 +151,28 @@ class Listening:
                 held_by = await self._held_by_own_session(store)
                 if held_by is not None:
                     now = time.monotonic()
-                    waiting_since = waiting_since or now
-                    if now - told_at >= OWN_SESSION_RETELL:  # again each minute it lasts
+                    if waiting_since is None:
+                        waiting_since = told_at = now
+                        log.warning(
+                            "this worker's previous listener session (backend %s) is still "
+                            "open on the server; registering again once it has ended",
+                            held_by,
+                            extra={"worker_id": self.worker_id},
+                        )
+                    elif now - told_at >= OWN_SESSION_RETELL:  # again each minute it lasts
                         told_at = now
                         log.warning(
                             "this worker's previous listener session (backend %s) is still "
-                            "open on the server (for %.0f s now); registering again once it "
-                            "has ended",
+                            "open on the server, %.0f s on; registering again once it has "
+                            "ended",
                             held_by,
                             now - waiting_since,
                             extra={"worker_id": self.worker_id},
                         )
                 elif time.monotonic() + delay > deadline:
                     raise
-                elif "live" not in said:
-                    said.add("live")
+                elif not warned:
+                    warned = True
                     log.warning(
                         "worker id in use by a live session; retrying for up to %.0f s",
                         REGISTER_PATIENCE,
@@ -165,16 +186,26 @@ class Listening:
 
     async def _held_by_own_session(self, store: Store) -> int | None:
         """The backend pid of the listener session of this process that the worker id is
-        registered on, if it is one (None if another process registered it)."""
-        row = await store.registration(self.worker_id)
+        registered on, while that session is open; None if it is another's, or when who
+        holds it could not be read (the refusal then stands as another worker's)."""
+        try:
+            reg = await store.worker_registration(self.worker_id)
+        except EXPECTED as exc:
+            log.warning(
+                "could not read who holds this worker id: %r",
+                exc,
+                extra={"worker_id": self.worker_id},
+            )
+            return None
         if (
-            row is not None
-            and row["stopped_at"] is None
-            and row["session_pid"] in self._own_backends
-            and row["pid"] == os.getpid()
-            and row["hostname"] == socket.gethostname()
+            reg is not None
+            and not reg.stopped
+            and reg.session_open
+            and reg.session_pid in self._own_backends
+            and reg.pid == os.getpid()
+            and reg.hostname == socket.gethostname()
         ):
-            return int(row["session_pid"])
+            return reg.session_pid
         return None
 
     def _listener_up(self, session: ListenerSession) -> None:

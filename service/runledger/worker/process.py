@@ -354,10 +354,7 @@ class Worker(Listening):
             self.wake.clear()
             free = self.concurrency - len(self.active)
             claimed = 0
-            # a listener that held a session lock is down: claim nothing until it is back
-            # with a new one (a claim would stamp the lock of a session that ended)
-            paused = self._locked and not self._listening
-            if free > 0 and not paused:
+            if free > 0 and not self.claims_paused:
                 sent = time.monotonic()
                 generation = self._generation
                 try:
