@@ -22,7 +22,6 @@ class Registration:
     hostname: str
     pid: int
     session_pid: int | None
-    stopped: bool
     session_open: bool
 
 
@@ -109,7 +108,7 @@ class Reads(Executor):
         whether the session it was registered on is still open."""
         check_text("worker id", worker_id)
         rows = await self._read(
-            "SELECT w.hostname, w.pid, w.session_pid, w.stopped_at IS NOT NULL AS stopped,"
+            "SELECT w.hostname, w.pid, w.session_pid,"
             " EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a"
             "         WHERE a.pid = w.session_pid AND a.backend_start = w.session_started_at"
             "           AND a.application_name = left('runledger-listener:' || w.worker_id, 63))"

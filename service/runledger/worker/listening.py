@@ -152,21 +152,17 @@ class Listening:
                 if held_by is not None:
                     now = time.monotonic()
                     if waiting_since is None:
-                        waiting_since = told_at = now
-                        log.warning(
-                            "this worker's previous listener session (backend %s) is still "
-                            "open on the server; registering again once it has ended",
-                            held_by,
-                            extra={"worker_id": self.worker_id},
-                        )
-                    elif now - told_at >= OWN_SESSION_RETELL:  # again each minute it lasts
+                        waiting_since = now
+                    if now - told_at >= OWN_SESSION_RETELL:  # at once, then each minute
                         told_at = now
+                        so_far = (
+                            f" ({now - waiting_since:.0f} s now)" if now > waiting_since else ""
+                        )
                         log.warning(
                             "this worker's previous listener session (backend %s) is still "
-                            "open on the server, %.0f s on; registering again once it has "
-                            "ended",
+                            "open on the server%s; registering again once it has ended",
                             held_by,
-                            now - waiting_since,
+                            so_far,
                             extra={"worker_id": self.worker_id},
                         )
                 elif time.monotonic() + delay > deadline:
@@ -199,7 +195,6 @@ class Listening:
             return None
         if (
             reg is not None
-            and not reg.stopped
             and reg.session_open
             and reg.session_pid in self._own_backends
             and reg.pid == os.getpid()
