@@ -195,12 +195,25 @@ class RunningWorker:
         try:
             await asyncio.wait_for(asyncio.shield(self.task), timeout)
         except TimeoutError:
+            # what the worker still waits on, for the failure's message
+            stacks = "\n".join(_describe(t) for t in asyncio.all_tasks() if not t.done())
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
             raise AssertionError(
-                f"worker {self.worker_id} did not stop within {timeout} s"
+                f"worker {self.worker_id} did not stop within {timeout} s; tasks:\n{stacks}"
             ) from None
+
+
+def _describe(task: asyncio.Task[Any]) -> str:
+    frames = [f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" for f in task.get_stack()]
+    coro = task.get_coro()
+    while coro is not None and getattr(coro, "cr_await", None) is not None:
+        coro = coro.cr_await  # the coroutine chain below the task's own frame
+        frame = getattr(coro, "cr_frame", None)
+        if frame is not None:
+            frames.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+    return f"  {task.get_name()}: " + " -> ".join(frames)
 
 
 StartWorker = Callable[..., Awaitable[RunningWorker]]

@@ -23,10 +23,13 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, LiteralString, TypeVar
+
+from psycopg.types.json import Jsonb
 
 from runledger.db import wire
-from runledger.db.execution import word
+from runledger.db.coalesce import COMPLETIONS, DECISIONS, Coalescer, Write
+from runledger.db.execution import Landed, word
 from runledger.db.operator import OperatorWrites
 from runledger.db.results import Advanced, Batched, Recorded
 from runledger.db.rows import ClaimedJournal, Row
@@ -34,6 +37,8 @@ from runledger.db.validate import check_text
 from runledger.model import ClaimedRun, FencingToken, IdempotencyKey, LeaseId, Outcome, RunId
 
 FINAL_OUTCOMES = (Outcome.SUCCEEDED, Outcome.FAILED)
+
+T = TypeVar("T")
 
 # The statements a worker sends for every tool call (and its claim), prepared once per
 # connection and sent without a cursor (runledger.db.wire).
@@ -79,6 +84,53 @@ def claimed_run(r: Row) -> ClaimedRun:
 
 
 class FastPath(OperatorWrites):
+    # with coalesce_writes(): the completions and decisions of concurrent runs share
+    # statements and commits (runledger.db.coalesce)
+    _completions: Coalescer | None = None
+    _decisions: Coalescer | None = None
+
+    def coalesce_writes(self) -> None:
+        """Send the completions and decisions of this store's concurrent runs together
+        (:mod:`runledger.db.coalesce`): what a worker does."""
+        self._completions = Coalescer(self, COMPLETIONS)
+        self._decisions = Coalescer(self, DECISIONS)
+
+    @property
+    def coalescers(self) -> tuple[Coalescer, ...]:
+        return tuple(c for c in (self._completions, self._decisions) if c is not None)
+
+    async def close(self) -> None:
+        for c in self.coalescers:
+            await c.close()
+        await super().close()
+
+    async def _write_via(
+        self,
+        coalescer: Coalescer | None,
+        run_id: str,
+        row: tuple[Any, ...],
+        sql: LiteralString | wire.Prepared,
+        params: Sequence[Any],
+        *,
+        result: Any,
+        landed: Landed[T],
+        fields: dict[str, Any],
+    ) -> T:
+        """:meth:`_write`, or through ``coalescer`` with ``row`` as its batch row."""
+        if coalescer is None:
+            return await self._write(sql, params, result=result, landed=landed, fields=fields)
+        return await coalescer.send(
+            Write(
+                run_id=run_id,
+                row=row,
+                sql=sql,
+                params=params,
+                result=result,
+                landed=landed,
+                fields=fields,
+            )
+        )
+
     def _completion(
         self, idempotency_key: str, outcome: Outcome | str, result: Any, receipt: Any
     ) -> tuple[IdempotencyKey, Outcome, Any, Any]:
@@ -216,21 +268,25 @@ class FastPath(OperatorWrites):
         output_json = self._json("output", output, obj=False, nullable=True)
         state_json = self._json("state", state, obj=True, nullable=True)
         call_ids = list(dispatch)
-        done = await self._write(
+        params = (
+            run_id,
+            lease_id,
+            fencing_token,
+            turn,
+            payload,
+            record_json,
+            output_json,
+            expected_version,
+            state_json,
+            finish,
+            call_ids,
+        )
+        done = await self._write_via(
+            self._decisions,
+            run_id,
+            (*params[:-1], Jsonb(call_ids)),
             RECORD_TURN_V4,
-            (
-                run_id,
-                lease_id,
-                fencing_token,
-                turn,
-                payload,
-                record_json,
-                output_json,
-                expected_version,
-                state_json,
-                finish,
-                call_ids,
-            ),
+            params,
             result=lambda rows: Recorded(
                 run_id=RunId(run_id),
                 turn=turn,
@@ -263,18 +319,22 @@ class FastPath(OperatorWrites):
         key, chosen, result_json, receipt_json = self._completion(
             idempotency_key, outcome, result, receipt
         )
-        done = await self._write(
+        params = (
+            run_id,
+            lease_id,
+            fencing_token,
+            key,
+            chosen.value,
+            result_json,
+            receipt_json,
+            next_key,
+        )
+        done = await self._write_via(
+            self._completions,
+            run_id,
+            params,
             COMPLETE_CALL_V2,
-            (
-                run_id,
-                lease_id,
-                fencing_token,
-                key,
-                chosen.value,
-                result_json,
-                receipt_json,
-                next_key,
-            ),
+            params,
             result=lambda rows: Advanced(
                 idempotency_key=key,
                 outcome=chosen,

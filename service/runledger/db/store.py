@@ -278,9 +278,13 @@ class Store(FastPath):
         """:meth:`complete_call` with arguments already checked and encoded by
         :meth:`completion` (a group commit's result that turned out to be alone)."""
         key, chosen, result_json, receipt_json = checked
-        await self._write(
+        params = (run_id, lease_id, fencing_token, key, chosen.value, result_json, receipt_json)
+        await self._write_via(
+            self._completions,
+            run_id,
+            (*params, None),  # no next call: complete_call in the batch
             COMPLETE_CALL,
-            (run_id, lease_id, fencing_token, key, chosen.value, result_json, receipt_json),
+            params,
             result=lambda _: Completed(
                 idempotency_key=key, outcome=chosen, status=CALL_STATUS_AFTER[chosen]
             ),

@@ -182,9 +182,12 @@ class Worker(Listening):
         store = await Store.connect(
             self.database_url,
             min_size=1,
-            max_size=self.concurrency + 3,
+            # the runs' pinned connections, the helpers', and the coalesced batches' (2)
+            max_size=self.concurrency + 5,
             application_name=f"runledger-worker:{self.worker_id}",
         )
+        # the completions and decisions of concurrent runs share commits
+        store.coalesce_writes()
         try:
             listen = await self._register(store)
         except psycopg.OperationalError as exc:

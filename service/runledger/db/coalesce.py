@@ -1,0 +1,255 @@
+"""Write coalescing: the journal writes of several runs in one statement, one commit.
+
+A worker drives many runs at once, and each of their writes is a transaction of its own:
+on PostgreSQL most of a small write's cost is the statement and the transaction around
+the function (parse and bind, executor start, the snapshot, the commit and its WAL
+flush), not the function's body. So the writes that are ready at the same moment go
+together: while one write of a kind (the completions, the decisions) is in flight, the
+writes of that kind that other runs send meanwhile wait in a queue, and when it returns
+they go as one statement, each run's function called in turn, in run id order. A write
+that finds nothing in flight is sent at once, as before: a lone run (one worker,
+concurrency 1) waits for nobody. Like PostgreSQL's group commit, the batch grows with
+the load and costs no waiting when there is none.
+
+Nothing of the protocol changes. Each write is the same contract function with the same
+arguments, checks and lease check; what the runs share is only the transaction, and a
+caller returns once the commit that holds its write is done, before its run's next step.
+
+A batch is all or nothing, so a batch that fails is never a verdict on its writes: each
+is then sent again alone, through the store's usual path (its own statement, retries
+and SQLSTATE mapping), and gets its own answer (a refused write its own ``LeaseLost``,
+the others their results). When the connection was lost with the batch in flight
+(its commit may have landed), each write's read-back is asked first, as for any write.
+The batch waits at most ``LOCK_TIMEOUT`` for a lock (``SET LOCAL`` for its transaction):
+a run locked by someone else (an operator's transaction, a renewal behind a lock) must
+not hold up the other runs' writes, so the batch gives up and its writes go alone, the
+locked one waiting by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, LiteralString, TypeVar
+
+import psycopg
+
+from runledger.db import wire
+from runledger.db.execution import Executor, is_connection_error
+from runledger.db.rows import Row
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+BATCH_MAX = 64  # writes per statement
+LOCK_TIMEOUT = "200ms"  # a batch's longest wait for a lock before its writes go alone
+SLOW_SECONDS = 0.2  # a write sent at once keeps its place in flight this long at most
+
+# One statement per kind. The writes are the rows of unnest(), in the order given (run
+# id order, so two batches lock rows in one order); each row calls the function the
+# write would have called alone. lock_timeout is set for the statement's transaction
+# before any function runs: the subquery's WHERE needs it, and its row comes first.
+COMPLETIONS = wire.Prepared(
+    "complete_many",
+    "SELECT q.attempt FROM (SELECT u.o, CASE WHEN u.nk IS NULL THEN"
+    " (SELECT NULL::int FROM runledger.complete_call(u.r, u.l, u.t, u.k, u.oc, u.res, u.rec))"
+    " ELSE runledger.complete_call_v2(u.r, u.l, u.t, u.k, u.oc, u.res, u.rec, u.nk) END"
+    " AS attempt"
+    " FROM (SELECT pg_catalog.set_config('lock_timeout', $9::text, true) AS g) s,"
+    " ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::uuid[]),"
+    " pg_catalog.unnest($3::bigint[]), pg_catalog.unnest($4::text[]),"
+    " pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::jsonb[]),"
+    " pg_catalog.unnest($7::jsonb[]), pg_catalog.unnest($8::text[]))"
+    " WITH ORDINALITY AS u(r, l, t, k, oc, res, rec, nk, o)"
+    " WHERE s.g IS NOT NULL OFFSET 0) q ORDER BY q.o",
+    9,
+)
+DECISIONS = wire.Prepared(
+    "record_turn_many",
+    "SELECT (q.x).state_version, (q.x).attempts FROM (SELECT u.o,"
+    " runledger.record_turn_v4(u.r, u.l, u.t, u.n, u.c, u.rec, u.out, u.v, u.st, u.fin,"
+    " ARRAY(SELECT pg_catalog.jsonb_array_elements_text(u.d))) AS x"
+    " FROM (SELECT pg_catalog.set_config('lock_timeout', $12::text, true) AS g) s,"
+    " ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::uuid[]),"
+    " pg_catalog.unnest($3::bigint[]), pg_catalog.unnest($4::int[]),"
+    " pg_catalog.unnest($5::jsonb[]), pg_catalog.unnest($6::jsonb[]),"
+    " pg_catalog.unnest($7::jsonb[]), pg_catalog.unnest($8::bigint[]),"
+    " pg_catalog.unnest($9::jsonb[]), pg_catalog.unnest($10::boolean[]),"
+    " pg_catalog.unnest($11::jsonb[]))"
+    " WITH ORDINALITY AS u(r, l, t, n, c, rec, out, v, st, fin, d, o)"
+    " WHERE s.g IS NOT NULL OFFSET 0) q ORDER BY q.o",
+    12,
+)
+
+
+@dataclass(slots=True)
+class Write(Generic[T]):
+    """One write: its batch row (the columns of its kind's statement), and what the
+    store's own path needs to send it alone."""
+
+    run_id: str
+    row: tuple[Any, ...]
+    sql: LiteralString | wire.Prepared  # the statement it is alone
+    params: Sequence[Any]
+    result: Callable[[list[Row]], T]
+    landed: Callable[[], Awaitable[T | None]]
+    fields: dict[str, Any]
+    done: asyncio.Future[T] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Coalescer:
+    """The writes of one kind (one batch statement) of one store: at most ``in_flight``
+    statements of the kind out at a time, the writes sent meanwhile queued for the
+    next batch."""
+
+    def __init__(self, executor: Executor, batch: wire.Prepared, *, in_flight: int = 1) -> None:
+        self.executor = executor
+        self.batch = batch
+        self.in_flight = in_flight
+        self._queue: list[Write[Any]] = []
+        self._busy = 0  # statements of this kind in flight (alone or batches)
+        self._senders: set[asyncio.Task[None]] = set()
+        self._alone: set[asyncio.Task[None]] = set()
+        self.batches = 0  # statements of more than one write, for tests and metrics
+        self.batched = 0  # writes sent in them
+        self.failed = 0  # batches that failed, their writes sent alone
+
+    @property
+    def queued(self) -> int:
+        """Writes waiting for the next batch."""
+        return len(self._queue)
+
+    async def send(self, write: Write[T]) -> T:
+        if self._busy < self.in_flight and not self._queue:
+            # room in flight: send it now, in the caller's context (its pinned
+            # connection), exactly as without coalescing
+            self._busy += 1
+            released = False
+
+            def release() -> None:
+                nonlocal released
+                if not released:
+                    released = True
+                    self._busy -= 1
+                    self._start_sender()
+
+            # a write that waits (a lock another transaction holds) gives up its slot
+            # after SLOW_SECONDS: the other runs' writes do not wait behind it
+            slow = asyncio.get_running_loop().call_later(SLOW_SECONDS, release)
+            try:
+                return await self.executor._execute(
+                    write.sql, write.params, write.fields, write.result, write.landed
+                )
+            finally:
+                slow.cancel()
+                release()
+        self._queue.append(write)
+        self._start_sender()
+        return await write.done
+
+    def _start_sender(self) -> None:
+        if self._queue and self._busy < self.in_flight:
+            self._busy += 1
+            # a context of its own: not the pinned connection of whoever started it
+            task = asyncio.get_running_loop().create_task(
+                self._drain(), name="runledger-coalescer", context=contextvars.Context()
+            )
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
+
+    async def _drain(self) -> None:
+        """Send batches until the queue is empty, on one connection of the pool."""
+        try:
+            async with self.executor.pinned():
+                while self._queue:
+                    writes = sorted(self._queue[:BATCH_MAX], key=lambda w: w.run_id)
+                    del self._queue[:BATCH_MAX]
+                    # one write too: the batch statement waits for a lock no longer than
+                    # LOCK_TIMEOUT, then the write waits alone, off this connection
+                    await self._send_batch(writes)
+        except BaseException as exc:  # cancelled: the store is closing
+            self._fail(self._queue, exc)
+            self._queue.clear()
+            raise
+        finally:
+            self._busy -= 1
+        self._start_sender()  # queued in the last instant
+
+    def _fail(self, writes: Sequence[Write[Any]], exc: BaseException) -> None:
+        for w in writes:
+            if not w.done.done():
+                w.done.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
+                w.done.exception()  # retrieved: a fenced caller may never look
+
+    async def _send_batch(self, writes: list[Write[Any]]) -> None:
+        columns = [list(c) for c in zip(*(w.row for w in writes), strict=True)]
+        try:
+            # the sender's connection (its context pins nothing of a run's)
+            rows = await self.executor._rows(self.batch, [*columns, LOCK_TIMEOUT])
+        except psycopg.Error as exc:
+            ambiguous = is_connection_error(exc)
+            self.failed += 1
+            log.info(
+                "a batch of writes failed: each is sent alone",
+                extra={
+                    "writes": len(writes),
+                    "sqlstate": exc.sqlstate,
+                    "ambiguous": ambiguous,
+                    "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                },
+            )
+            for w in writes:
+                self._go_alone(w, ambiguous=ambiguous)
+            return
+        except BaseException as exc:  # cancelled: the store is closing
+            self._fail(writes, exc)
+            raise
+        if len(writes) > 1:
+            self.batches += 1
+            self.batched += len(writes)
+        for w, row in zip(writes, rows, strict=True):
+            if w.done.done():
+                continue
+            try:
+                w.done.set_result(w.result([row]))
+            except Exception as exc:  # a reply this write cannot read: its caller's error
+                self._fail([w], exc)
+
+    def _go_alone(self, write: Write[Any], *, ambiguous: bool) -> None:
+        # not on the sender's connection: a write that waits for a lock waits alone
+        task = asyncio.get_running_loop().create_task(
+            self._alone_one(write, ambiguous), context=contextvars.Context()
+        )
+        self._alone.add(task)
+        task.add_done_callback(self._alone.discard)
+
+    async def _alone_one(self, write: Write[Any], ambiguous: bool) -> None:
+        try:
+            if ambiguous:
+                value = await write.landed()
+                if value is not None:
+                    if not write.done.done():
+                        write.done.set_result(value)
+                    return
+            value = await self.executor._execute(
+                write.sql, write.params, write.fields, write.result, write.landed
+            )
+        except BaseException as exc:
+            self._fail([write], exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if not write.done.done():
+            write.done.set_result(value)
+
+    async def close(self) -> None:
+        """What is still queued fails: the store is closing (what is in flight fails with
+        the pool)."""
+        self._fail(self._queue, RuntimeError("the store is closed"))
+        self._queue.clear()
