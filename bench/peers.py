@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="default runledger,absurd,dbos")
     ap.add_argument("--json", type=Path, help="also write every batch and the summary here")
     ap.add_argument("--rl-workers", type=int, default=2, help="runledger workers (2)")
-    ap.add_argument("--rl-concurrency", type=int, default=8, help="runledger --concurrency (8)")
+    ap.add_argument("--rl-concurrency", type=int, default=32, help="runledger --concurrency (32)")
     ap.add_argument(
         "--absurd-workers", type=int, default=8, help="Absurd workers (8: its best here)"
     )

@@ -306,7 +306,7 @@ class LosesBatches(Store):
     landed: bool | None = True
 
     async def _rows(self, sql: Any, params: Sequence[Any]) -> list[dict[str, Any]]:
-        if str(sql).startswith("SELECT q.attempt") and self.landed is not None:
+        if str(sql).startswith("SELECT q.o, q.attempt") and self.landed is not None:
             landed, self.landed = self.landed, None
             if landed:
                 await super()._rows(sql, params)

@@ -112,6 +112,10 @@ def test_metrics_readyz_and_json_lines_of_a_real_worker(
     assert value(found, "runledger_stale_writes_refused_total") == 0
     assert value(found, "runledger_leases_lost_total") == 0
     assert ("runledger_lease_renewals_total", ()) in found
+    # one slot: each write finds nothing of its kind in flight and goes alone
+    for kind in ("completions", "decisions"):
+        for name in ("write_batches", "batched_writes", "write_batches_failed"):
+            assert found[(f"runledger_{name}_total", (("kind", kind),))] == 0
 
     # a schema behind this code's head: not ready (put back afterwards)
     (head,) = admin_conn.execute("SELECT version_num FROM runledger.alembic_version").fetchone()

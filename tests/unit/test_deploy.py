@@ -62,6 +62,9 @@ CONTRACT_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "runledger_call_seconds": ("histogram", frozenset({"tool"})),
     "runledger_runs_active": ("gauge", frozenset()),
     "runledger_queue_depth": ("gauge", frozenset({"flow", "status"})),
+    "runledger_write_batches_total": ("counter", frozenset({"kind"})),
+    "runledger_batched_writes_total": ("counter", frozenset({"kind"})),
+    "runledger_write_batches_failed_total": ("counter", frozenset({"kind"})),
 }
 # Labels Prometheus adds to every scraped series (the ServiceMonitor's target labels).
 TARGET_LABELS = frozenset({"instance", "job", "namespace", "pod", "service", "container"})

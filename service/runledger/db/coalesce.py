@@ -16,10 +16,11 @@ arguments, checks and lease check; what the runs share is only the transaction, 
 caller returns once the commit that holds its write is done, before its run's next step.
 
 A batch is all or nothing, so a batch that fails is never a verdict on its writes: each
-is then sent again alone, through the store's usual path (its own statement, retries
-and SQLSTATE mapping), and gets its own answer (a refused write its own ``LeaseLost``,
-the others their results). When the connection was lost with the batch in flight
-(its commit may have landed), each write's read-back is asked first, as for any write.
+is then sent again alone by its own caller, through the store's usual path (its own
+statement on the caller's connection, retries and SQLSTATE mapping), and gets its own
+answer (a refused write its own ``LeaseLost``, the others their results). When the
+connection was lost with the batch in flight (its commit may have landed), each write's
+read-back is asked first, after the usual backoff, as for any write.
 The batch waits at most ``LOCK_TIMEOUT`` for a lock (``SET LOCAL`` for its transaction):
 a run locked by someone else (an operator's transaction, a renewal behind a lock) must
 not hold up the other runs' writes, so the batch gives up and its writes go alone, the
@@ -31,9 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, LiteralString, TypeVar
+from typing import Any, Generic, LiteralString, TypeVar, cast
 
 import psycopg
 
@@ -49,13 +51,15 @@ BATCH_MAX = 64  # writes per statement
 LOCK_TIMEOUT = "200ms"  # a batch's longest wait for a lock before its writes go alone
 SLOW_SECONDS = 0.2  # a write sent at once keeps its place in flight this long at most
 
-# One statement per kind. The writes are the rows of unnest(), in the order given (run
-# id order, so two batches lock rows in one order); each row calls the function the
-# write would have called alone. lock_timeout is set for the statement's transaction
-# before any function runs: the subquery's WHERE needs it, and its row comes first.
+# One statement per kind. The writes are the rows of unnest(); each row calls the
+# function the write would have called alone, once, in run id order by the database's
+# collation (the inner ORDER BY: PostgreSQL computes a volatile output column after the
+# sort), the order renew_leases locks runs in, so the two never deadlock. The rows come
+# back with their ordinal (o). lock_timeout is set for the statement's transaction before
+# any function runs: the subquery's WHERE needs its row.
 COMPLETIONS = wire.Prepared(
     "complete_many",
-    "SELECT q.attempt FROM (SELECT u.o, CASE WHEN u.nk IS NULL THEN"
+    "SELECT q.o, q.attempt FROM (SELECT u.o, CASE WHEN u.nk IS NULL THEN"
     " (SELECT NULL::int FROM runledger.complete_call(u.r, u.l, u.t, u.k, u.oc, u.res, u.rec))"
     " ELSE runledger.complete_call_v2(u.r, u.l, u.t, u.k, u.oc, u.res, u.rec, u.nk) END"
     " AS attempt"
@@ -65,12 +69,12 @@ COMPLETIONS = wire.Prepared(
     " pg_catalog.unnest($5::text[]), pg_catalog.unnest($6::jsonb[]),"
     " pg_catalog.unnest($7::jsonb[]), pg_catalog.unnest($8::text[]))"
     " WITH ORDINALITY AS u(r, l, t, k, oc, res, rec, nk, o)"
-    " WHERE s.g IS NOT NULL OFFSET 0) q ORDER BY q.o",
+    " WHERE s.g IS NOT NULL ORDER BY u.r, u.o OFFSET 0) q ORDER BY q.o",
     9,
 )
 DECISIONS = wire.Prepared(
     "record_turn_many",
-    "SELECT (q.x).state_version, (q.x).attempts FROM (SELECT u.o,"
+    "SELECT q.o, (q.x).state_version, (q.x).attempts FROM (SELECT u.o,"
     " runledger.record_turn_v4(u.r, u.l, u.t, u.n, u.c, u.rec, u.out, u.v, u.st, u.fin,"
     " ARRAY(SELECT pg_catalog.jsonb_array_elements_text(u.d))) AS x"
     " FROM (SELECT pg_catalog.set_config('lock_timeout', $12::text, true) AS g) s,"
@@ -81,9 +85,14 @@ DECISIONS = wire.Prepared(
     " pg_catalog.unnest($9::jsonb[]), pg_catalog.unnest($10::boolean[]),"
     " pg_catalog.unnest($11::jsonb[]))"
     " WITH ORDINALITY AS u(r, l, t, n, c, rec, out, v, st, fin, d, o)"
-    " WHERE s.g IS NOT NULL OFFSET 0) q ORDER BY q.o",
+    " WHERE s.g IS NOT NULL ORDER BY u.r, u.o OFFSET 0) q ORDER BY q.o",
     12,
 )
+
+
+# what a write's future holds when its batch failed: the caller sends it alone
+_ALONE = object()  # the batch was rolled back: it did not land
+_AMBIGUOUS = object()  # the connection was lost with the batch in flight: it may have
 
 
 @dataclass(slots=True)
@@ -98,7 +107,8 @@ class Write(Generic[T]):
     result: Callable[[list[Row]], T]
     landed: Callable[[], Awaitable[T | None]]
     fields: dict[str, Any]
-    done: asyncio.Future[T] = field(
+    # its value, an error, or _ALONE / _AMBIGUOUS
+    done: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
@@ -108,14 +118,16 @@ class Coalescer:
     statements of the kind out at a time, the writes sent meanwhile queued for the
     next batch."""
 
-    def __init__(self, executor: Executor, batch: wire.Prepared, *, in_flight: int = 1) -> None:
+    def __init__(
+        self, executor: Executor, kind: str, batch: wire.Prepared, *, in_flight: int = 1
+    ) -> None:
         self.executor = executor
+        self.kind = kind  # completions, decisions: the metrics' label
         self.batch = batch
         self.in_flight = in_flight
         self._queue: list[Write[Any]] = []
         self._busy = 0  # statements of this kind in flight (alone or batches)
         self._senders: set[asyncio.Task[None]] = set()
-        self._alone: set[asyncio.Task[None]] = set()
         self.batches = 0  # statements of more than one write, for tests and metrics
         self.batched = 0  # writes sent in them
         self.failed = 0  # batches that failed, their writes sent alone
@@ -143,15 +155,35 @@ class Coalescer:
             # after SLOW_SECONDS: the other runs' writes do not wait behind it
             slow = asyncio.get_running_loop().call_later(SLOW_SECONDS, release)
             try:
-                return await self.executor._execute(
-                    write.sql, write.params, write.fields, write.result, write.landed
-                )
+                return await self._alone(write)
             finally:
                 slow.cancel()
                 release()
         self._queue.append(write)
         self._start_sender()
-        return await write.done
+        try:
+            outcome = await asyncio.shield(write.done)
+        except asyncio.CancelledError:
+            if write in self._queue:  # not sent yet: it never will be
+                self._queue.remove(write)
+            raise
+        if outcome is _ALONE or outcome is _AMBIGUOUS:
+            # the batch failed: this write goes alone, from the caller's own task (its
+            # pinned connection, no lock timeout), and gets its own answer
+            if outcome is _AMBIGUOUS:
+                # as _execute does after a lost connection: wait, then read it back
+                await asyncio.sleep(self.executor.backoff * (0.5 + random.random()))
+                value = await write.landed()
+                if value is not None:
+                    log.info("the write landed before the connection dropped", extra=write.fields)
+                    return value
+            return await self._alone(write)
+        return cast(T, outcome)
+
+    async def _alone(self, write: Write[T]) -> T:
+        return await self.executor._execute(
+            write.sql, write.params, write.fields, write.result, write.landed
+        )
 
     def _start_sender(self) -> None:
         if self._queue and self._busy < self.in_flight:
@@ -168,32 +200,26 @@ class Coalescer:
         try:
             async with self.executor.pinned():
                 while self._queue:
-                    writes = sorted(self._queue[:BATCH_MAX], key=lambda w: w.run_id)
+                    writes = self._queue[:BATCH_MAX]
                     del self._queue[:BATCH_MAX]
                     # one write too: the batch statement waits for a lock no longer than
                     # LOCK_TIMEOUT, then the write waits alone, off this connection
                     await self._send_batch(writes)
-        except BaseException as exc:  # cancelled: the store is closing
-            self._fail(self._queue, exc)
-            self._queue.clear()
-            raise
         finally:
             self._busy -= 1
         self._start_sender()  # queued in the last instant
-
-    def _fail(self, writes: Sequence[Write[Any]], exc: BaseException) -> None:
-        for w in writes:
-            if not w.done.done():
-                w.done.set_exception(exc if isinstance(exc, Exception) else RuntimeError(exc))
-                w.done.exception()  # retrieved: a fenced caller may never look
 
     async def _send_batch(self, writes: list[Write[Any]]) -> None:
         columns = [list(c) for c in zip(*(w.row for w in writes), strict=True)]
         try:
             # the sender's connection (its context pins nothing of a run's)
             rows = await self.executor._rows(self.batch, [*columns, LOCK_TIMEOUT])
+            by_ordinal = {int(r["o"]): r for r in rows}
+            if len(by_ordinal) != len(writes):
+                raise RuntimeError(f"{len(rows)} rows for a batch of {len(writes)} writes")
         except psycopg.Error as exc:
-            ambiguous = is_connection_error(exc)
+            # an error with no SQLSTATE can come after the commit (reading the reply)
+            ambiguous = is_connection_error(exc) or exc.sqlstate is None
             self.failed += 1
             log.info(
                 "a batch of writes failed: each is sent alone",
@@ -205,51 +231,39 @@ class Coalescer:
                 },
             )
             for w in writes:
-                self._go_alone(w, ambiguous=ambiguous)
+                _settle(w, _AMBIGUOUS if ambiguous else _ALONE)
             return
-        except BaseException as exc:  # cancelled: the store is closing
-            self._fail(writes, exc)
-            raise
+        except BaseException as exc:
+            # not an answer of the database (cancelled, a reply this code cannot read):
+            # each write may have landed; its caller reads it back
+            for w in writes:
+                _settle(w, _AMBIGUOUS)
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("a batch of writes got no usable answer: each is read back")
+            return
         if len(writes) > 1:
             self.batches += 1
             self.batched += len(writes)
-        for w, row in zip(writes, rows, strict=True):
-            if w.done.done():
-                continue
+        for i, w in enumerate(writes, start=1):
             try:
-                w.done.set_result(w.result([row]))
+                value = w.result([by_ordinal[i]])
             except Exception as exc:  # a reply this write cannot read: its caller's error
-                self._fail([w], exc)
-
-    def _go_alone(self, write: Write[Any], *, ambiguous: bool) -> None:
-        # not on the sender's connection: a write that waits for a lock waits alone
-        task = asyncio.get_running_loop().create_task(
-            self._alone_one(write, ambiguous), context=contextvars.Context()
-        )
-        self._alone.add(task)
-        task.add_done_callback(self._alone.discard)
-
-    async def _alone_one(self, write: Write[Any], ambiguous: bool) -> None:
-        try:
-            if ambiguous:
-                value = await write.landed()
-                if value is not None:
-                    if not write.done.done():
-                        write.done.set_result(value)
-                    return
-            value = await self.executor._execute(
-                write.sql, write.params, write.fields, write.result, write.landed
-            )
-        except BaseException as exc:
-            self._fail([write], exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        if not write.done.done():
-            write.done.set_result(value)
+                if not w.done.done():
+                    w.done.set_exception(exc)
+                continue
+            _settle(w, value)
 
     async def close(self) -> None:
         """What is still queued fails: the store is closing (what is in flight fails with
         the pool)."""
-        self._fail(self._queue, RuntimeError("the store is closed"))
-        self._queue.clear()
+        queued, self._queue = self._queue, []
+        for w in queued:
+            if not w.done.done():
+                w.done.set_exception(RuntimeError("the store is closed"))
+                w.done.exception()  # retrieved: a cancelled caller never looks
+
+
+def _settle(write: Write[Any], value: Any) -> None:
+    if not write.done.done():
+        write.done.set_result(value)

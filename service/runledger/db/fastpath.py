@@ -92,8 +92,8 @@ class FastPath(OperatorWrites):
     def coalesce_writes(self) -> None:
         """Send the completions and decisions of this store's concurrent runs together
         (:mod:`runledger.db.coalesce`): what a worker does."""
-        self._completions = Coalescer(self, COMPLETIONS)
-        self._decisions = Coalescer(self, DECISIONS)
+        self._completions = Coalescer(self, "completions", COMPLETIONS)
+        self._decisions = Coalescer(self, "decisions", DECISIONS)
 
     @property
     def coalescers(self) -> tuple[Coalescer, ...]:

@@ -44,6 +44,7 @@ class HealthServer:
         self.head = migrate.head()
         self._server: asyncio.Server | None = None
         metrics.read_holder = self._holder
+        metrics.coalescers = lambda: () if worker.store is None else worker.store.coalescers
 
     async def _holder(self, run: ClaimedRun) -> str | None:
         store = self.worker.store

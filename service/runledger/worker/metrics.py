@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from runledger.errors import ConfigurationError
@@ -126,6 +126,9 @@ class PrometheusMetrics(Metrics):
             ["flow", "status"],
             registry=r,
         )
+        # the store's write coalescers (set by the health server), read at scrape time
+        self.coalescers: Callable[[], Sequence[Any]] = tuple
+        r.register(_CoalescedWrites(self))
 
     def claim_took(self, seconds: float) -> None:
         self._claim_seconds.observe(seconds)
@@ -182,3 +185,33 @@ class PrometheusMetrics(Metrics):
         import prometheus_client as p
 
         return p.generate_latest(self.registry), p.CONTENT_TYPE_LATEST
+
+
+class _CoalescedWrites:
+    """The counters of the store's write coalescers (runledger.db.coalesce), by kind."""
+
+    def __init__(self, metrics: PrometheusMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        families = (
+            (
+                "runledger_write_batches",
+                "Statements that carried the writes of several runs.",
+                "batches",
+            ),
+            ("runledger_batched_writes", "Writes sent in those statements.", "batched"),
+            (
+                "runledger_write_batches_failed",
+                "Batches that failed, each of their writes then sent alone.",
+                "failed",
+            ),
+        )
+        coalescers = list(self.metrics.coalescers())
+        for name, text, attribute in families:
+            family = CounterMetricFamily(name, text, labels=["kind"])
+            for c in coalescers:
+                family.add_metric([c.kind], float(getattr(c, attribute)))
+            yield family

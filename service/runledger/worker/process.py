@@ -182,8 +182,9 @@ class Worker(Listening):
         store = await Store.connect(
             self.database_url,
             min_size=1,
-            # the runs' pinned connections, the helpers', and the coalesced batches' (2)
-            max_size=self.concurrency + 5,
+            # the runs' pinned connections; the helpers' (claimer, keeper, checkpointer,
+            # health); the coalescers' senders (2) and the writes a failed batch sends alone
+            max_size=self.concurrency + 8,
             application_name=f"runledger-worker:{self.worker_id}",
         )
         # the completions and decisions of concurrent runs share commits
