@@ -123,6 +123,16 @@ async def decided(
     )
 
 
+async def decided_runs(
+    store: Store, url: str, prefix: str, n: int
+) -> tuple[list[ClaimedRun], coalesce.Coalescer]:
+    """``n`` runs claimed and decided, with the store's completions coalescer."""
+    runs = await claimed(store, prefix, n)
+    await decided(store, url, runs)
+    completions, _ = store.coalescers
+    return runs, completions
+
+
 def advance(store: Store, c: ClaimedRun, *, token: int | None = None) -> Any:
     """c0's result and c1's dispatch (complete_call_v2)."""
     return store.complete_call_v2(
@@ -226,9 +236,7 @@ async def test_writes_sent_together_share_one_commit(
 async def test_a_refused_write_in_a_batch_is_refused_alone(
     coalescing: Store, reader: Conn, database_url: str
 ) -> None:
-    runs = await claimed(coalescing, "cr", 3)
-    await decided(coalescing, database_url, runs)
-    completions, _ = coalescing.coalescers
+    runs, completions = await decided_runs(coalescing, database_url, "cr", 3)
     # the first is sent alone; the stale one (a token that is not its lease's) and the
     # live one after it are a batch, which the refusal rolls back
     results = await burst(
@@ -255,9 +263,7 @@ async def test_a_refused_write_in_a_batch_is_refused_alone(
 async def test_a_locked_run_does_not_hold_up_the_others(
     coalescing: Store, reader: Conn, database_url: str
 ) -> None:
-    runs = await claimed(coalescing, "cl", 3)
-    await decided(coalescing, database_url, runs)
-    completions, _ = coalescing.coalescers
+    runs, completions = await decided_runs(coalescing, database_url, "cl", 3)
     first, other = await Held(database_url).hold(runs[0]), await Held(database_url).hold(runs[1])
     try:
         tasks = [asyncio.ensure_future(advance(coalescing, c)) for c in runs]
@@ -279,9 +285,7 @@ async def test_a_locked_run_does_not_hold_up_the_others(
 async def test_a_write_sent_at_once_that_waits_for_a_lock_gives_up_its_place(
     coalescing: Store, reader: Conn, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runs = await claimed(coalescing, "cs", 3)
-    await decided(coalescing, database_url, runs)
-    completions, _ = coalescing.coalescers
+    runs, completions = await decided_runs(coalescing, database_url, "cs", 3)
     monkeypatch.setattr(coalesce, "SLOW_SECONDS", 0.2)
     held = await Held(database_url).hold(runs[0])
     try:
@@ -324,9 +328,7 @@ async def test_a_batch_lost_in_flight_is_read_back(
     store.coalesce_writes()
     try:
         prefix = f"cb{int(landed)}"
-        runs = await claimed(store, prefix, 3)
-        await decided(store, database_url, runs)
-        completions, _ = store.coalescers
+        runs, completions = await decided_runs(store, database_url, prefix, 3)
         assert (
             await burst(database_url, completions, runs[0], *(advance(store, c) for c in runs))
             == [1] * 3
