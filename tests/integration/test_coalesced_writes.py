@@ -233,6 +233,84 @@ async def test_writes_sent_together_share_one_commit(
     assert set((await event_counts(reader, "co")).values()) == {2}
 
 
+# JSON whose text needs the escapes of an array element: quotes, backslashes, braces,
+# commas, spaces, the word NULL, non-ASCII
+AWKWARD = [
+    {"q": 'say "hi"', "b": "C:\\dir\\", "both": '\\"', "br": "{a,b} NULL", "u": "é ✓ \n"},
+    ["NULL", "", " ", '"', "\\", None],
+    'a "string" \\ with {braces}, commas',
+    None,
+]
+
+
+async def journal_awkward(store: Store, url: str, prefix: str) -> list[tuple[Any, ...]]:
+    """A decision and a completion of each AWKWARD value (args, record, state, result,
+    receipt) for one run each, sent at once, and what the tables hold of them."""
+    runs = await claimed(store, prefix, len(AWKWARD) + 1)
+    values: list[Any] = [{"first": True}, *AWKWARD]
+    objects = [v if isinstance(v, dict) else {"v": v} for v in values]
+
+    async def together(coalescer: coalesce.Coalescer | None, aws: list[Any]) -> None:
+        if coalescer is None:  # no coalescing: one after the other
+            for a in aws:
+                await a
+        else:
+            await burst(url, coalescer, runs[0], *aws)
+
+    completions, decisions = store.coalescers or (None, None)
+    await together(
+        decisions,
+        [
+            store.record_turn_v4(
+                c.run_id,
+                c.lease_id,
+                c.fencing_token,
+                0,
+                [{"call_id": "c0", "tool": "t", "args": {"v": v}}],
+                record=o,
+                expected_version=c.state_version,
+                state=o,
+                dispatch=["c0"],
+            )
+            for c, v, o in zip(runs, values, objects, strict=True)
+        ],
+    )
+    await together(
+        completions,
+        [
+            store.complete_checked(
+                c.run_id,
+                c.lease_id,
+                c.fencing_token,
+                store.completion(f"{c.run_id}:0:c0", "succeeded", v, o),
+            )
+            for c, v, o in zip(runs, values, objects, strict=True)
+        ],
+    )
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT c.result, c.result IS NULL, c.receipt, c.args, t.calls, t.record, r.state "
+            "FROM runledger.run_calls c JOIN runledger.run_turns t USING (run_id, turn) "
+            "JOIN runledger.runs r USING (run_id) WHERE c.run_id LIKE %s ORDER BY c.run_id",
+            (f"{prefix}-%",),
+        )
+        return list(await cur.fetchall())
+
+
+async def test_json_values_in_a_batch_arrive_as_sent(coalescing: Store, database_url: str) -> None:
+    batched = await journal_awkward(coalescing, database_url, "cj")
+    completions, decisions = coalescing.coalescers
+    assert (decisions.batches, decisions.batched) == (1, len(AWKWARD))
+    assert (completions.batches, completions.batched) == (1, len(AWKWARD))
+    assert [r[0] for r in batched] == [{"first": True}, *AWKWARD]
+    plain = await Store.connect(database_url, max_size=2)
+    try:
+        alone = await journal_awkward(plain, database_url, "ck")
+    finally:
+        await plain.close()
+    assert batched == alone  # the same values as written one by one, SQL NULL included
+
+
 async def test_a_refused_write_in_a_batch_is_refused_alone(
     coalescing: Store, reader: Conn, database_url: str
 ) -> None:

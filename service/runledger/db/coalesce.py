@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, LiteralString, TypeVar, cast
 
 import psycopg
+from psycopg.types.json import Jsonb, JsonbDumper
 
 from runledger.db import wire
 from runledger.db.execution import Executor, is_connection_error
@@ -210,7 +211,7 @@ class Coalescer:
         self._start_sender()  # queued in the last instant
 
     async def _send_batch(self, writes: list[Write[Any]]) -> None:
-        columns = [list(c) for c in zip(*(w.row for w in writes), strict=True)]
+        columns = [_column(c) for c in zip(*(w.row for w in writes), strict=True)]
         try:
             # the sender's connection (its context pins nothing of a run's)
             rows = await self.executor._rows(self.batch, [*columns, LOCK_TIMEOUT])
@@ -262,6 +263,24 @@ class Coalescer:
             if not w.done.done():
                 w.done.set_exception(RuntimeError("the store is closed"))
                 w.done.exception()  # retrieved: a cancelled caller never looks
+
+
+_JSONB = JsonbDumper(Jsonb)  # the text psycopg sends for a Jsonb parameter
+
+
+def _column(values: tuple[Any, ...]) -> list[Any] | str:
+    """One column of a batch, as its statement's array parameter. A column of JSON values
+    goes as the array's text, built here: psycopg's list dumper escapes each element's
+    quotes with a regular-expression substitution, a tenth of the worker's CPU per call
+    at 32 concurrent runs; the same text costs two ``str.replace`` here."""
+    if not any(isinstance(v, Jsonb) for v in values):
+        return list(values)
+    return "{" + ",".join("NULL" if v is None else f'"{_element(v)}"' for v in values) + "}"
+
+
+def _element(value: Jsonb) -> str:
+    text = bytes(_JSONB.dump(value)).decode()  # type: ignore[arg-type]
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _settle(write: Write[Any], value: Any) -> None:
