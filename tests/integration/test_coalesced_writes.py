@@ -360,6 +360,55 @@ async def test_a_locked_run_does_not_hold_up_the_others(
     assert [s for _, c, s, _ in await calls(reader, "cl") if c == "c0"] == ["succeeded"] * 3
 
 
+async def waiting_batches(conn: Conn) -> int:
+    """Batch statements of completions waiting for a lock, from pg_stat_activity."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query LIKE 'SELECT q.o, q.attempt%%'"
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_closing_the_store_lets_a_batch_in_flight_land(
+    database_url: str, reader: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coalesce, "LOCK_TIMEOUT", "30s")  # the batch waits for the lock
+    store = await Store.connect(database_url, max_size=8)
+    store.coalesce_writes()
+    closing: asyncio.Future[None] | None = None
+    try:
+        runs, completions = await decided_runs(store, database_url, "cc", 3)
+        first = await Held(database_url).hold(runs[0])
+        other = await Held(database_url).hold(runs[1])
+        try:
+            tasks = [asyncio.ensure_future(advance(store, c)) for c in runs]
+            await until(lambda: completions.queued == 2, "two queued behind the first")
+            await first.release()
+            assert await asyncio.wait_for(tasks[0], 10) == 1
+            # the batch of the other two is in flight, waiting for the held run
+            deadline = asyncio.get_running_loop().time() + 10
+            while await waiting_batches(reader) != 1:
+                assert asyncio.get_running_loop().time() < deadline, "no batch waiting"
+                await asyncio.sleep(0.01)
+            closing = asyncio.ensure_future(store.close())
+            done, _ = await asyncio.wait({closing}, timeout=0.5)
+            assert not done, "the store closed with a batch in flight"
+        finally:
+            await first.release()
+            await other.release()
+        await asyncio.wait_for(closing, 10)
+        # answered by the database before the pool closed, each applied once
+        assert all(t.done() for t in tasks)
+        assert [t.result() for t in tasks[1:]] == [1, 1]
+        assert (completions.batches, completions.batched, completions.failed) == (1, 2, 0)
+        assert not completions._senders
+        assert [s for _, c, s, _ in await calls(reader, "cc") if c == "c0"] == ["succeeded"] * 3
+    finally:
+        if closing is None:
+            await store.close()
+
+
 async def test_a_write_sent_at_once_that_waits_for_a_lock_gives_up_its_place(
     coalescing: Store, reader: Conn, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -228,13 +228,18 @@ async def test_a_draining_worker_completes_the_call_alone_and_sends_no_next(
     # the first call's result did not carry the second's dispatch: the drain came first
     assert [k for _, k, _, _ in rec.tool_calls] == ["drain-f:0:c0"]
     assert (run["status"], run["state_version"]) == ("queued", 0)
-    assert await _transactions(db, "drain-f") == [
+    written = await _transactions(db, "drain-f")
+    assert written[:5] == [
         ["submitted"],
         ["claimed"],
         ["turn_recorded", "call_dispatched"],  # the decision and its first call's dispatch
         ["call_succeeded"],
         ["lease_released"],
     ]
+    # a poll's claim that was in flight when the stop came (the database ran it after
+    # the release, on a loaded machine) gets the run again, and hands it back at once:
+    # nothing else
+    assert written[5:] == [["claimed"], ["lease_released"]] * (len(written[5:]) // 2)
 
 
 async def test_results_that_arrive_during_a_commit_go_in_the_next_one(

@@ -51,6 +51,7 @@ T = TypeVar("T")
 BATCH_MAX = 64  # writes per statement
 LOCK_TIMEOUT = "200ms"  # a batch's longest wait for a lock before its writes go alone
 SLOW_SECONDS = 0.2  # a write sent at once keeps its place in flight this long at most
+CLOSE_SECONDS = 5.0  # how long closing the store waits for the batches in flight
 
 # One statement per kind. The writes are the rows of unnest(); each row calls the
 # function the write would have called alone, once, in run id order by the database's
@@ -256,13 +257,24 @@ class Coalescer:
             _settle(w, value)
 
     async def close(self) -> None:
-        """What is still queued fails: the store is closing (what is in flight fails with
-        the pool)."""
+        """The store is closing: what is still queued fails, and the batches in flight
+        finish first, while the pool is open, so that their writes get the database's
+        answer (not a closed pool's) and no sender outlives the store. Waits at most
+        ``CLOSE_SECONDS``; ``asyncio.wait`` does not cancel a batch when the closing
+        caller is cancelled itself."""
         queued, self._queue = self._queue, []
         for w in queued:
             if not w.done.done():
                 w.done.set_exception(RuntimeError("the store is closed"))
                 w.done.exception()  # retrieved: a cancelled caller never looks
+        senders = {t for t in self._senders if t is not asyncio.current_task()}
+        if senders:
+            _, late = await asyncio.wait(senders, timeout=CLOSE_SECONDS)
+            if late:
+                log.warning(
+                    "closing the store with a batch of writes still in flight",
+                    extra={"kind": self.kind, "seconds": CLOSE_SECONDS},
+                )
 
 
 _JSONB = JsonbDumper(Jsonb)  # the text psycopg sends for a Jsonb parameter
