@@ -26,6 +26,7 @@ from runledger import errors
 from runledger.db import coalesce
 from runledger.db.store import Store
 from runledger.model import ClaimedRun
+from tests.integration.conftest import eventually
 
 LEASE = dt.timedelta(seconds=60)
 CALLS = [{"call_id": "c0", "tool": "t", "args": {}}, {"call_id": "c1", "tool": "t", "args": {}}]
@@ -360,14 +361,14 @@ async def test_a_locked_run_does_not_hold_up_the_others(
     assert [s for _, c, s, _ in await calls(reader, "cl") if c == "c0"] == ["succeeded"] * 3
 
 
-async def waiting_batches(conn: Conn) -> int:
-    """Batch statements of completions waiting for a lock, from pg_stat_activity."""
+async def waiting_batches(conn: Conn) -> bool:
+    """A batch statement of completions waits for a lock (pg_stat_activity)."""
     cur = await conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
         "AND wait_event_type = 'Lock' AND query LIKE 'SELECT q.o, q.attempt%%'"
     )
     row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    return row is not None and row[0] == 1
 
 
 async def test_closing_the_store_lets_a_batch_in_flight_land(
@@ -387,10 +388,7 @@ async def test_closing_the_store_lets_a_batch_in_flight_land(
             await first.release()
             assert await asyncio.wait_for(tasks[0], 10) == 1
             # the batch of the other two is in flight, waiting for the held run
-            deadline = asyncio.get_running_loop().time() + 10
-            while await waiting_batches(reader) != 1:
-                assert asyncio.get_running_loop().time() < deadline, "no batch waiting"
-                await asyncio.sleep(0.01)
+            await eventually(lambda: waiting_batches(reader), timeout=10, what="the batch waiting")
             closing = asyncio.ensure_future(store.close())
             done, _ = await asyncio.wait({closing}, timeout=0.5)
             assert not done, "the store closed with a batch in flight"

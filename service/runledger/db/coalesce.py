@@ -267,9 +267,8 @@ class Coalescer:
             if not w.done.done():
                 w.done.set_exception(RuntimeError("the store is closed"))
                 w.done.exception()  # retrieved: a cancelled caller never looks
-        senders = {t for t in self._senders if t is not asyncio.current_task()}
-        if senders:
-            _, late = await asyncio.wait(senders, timeout=CLOSE_SECONDS)
+        if self._senders:
+            _, late = await asyncio.wait(set(self._senders), timeout=CLOSE_SECONDS)
             if late:
                 log.warning(
                     "closing the store with a batch of writes still in flight",
