@@ -7,6 +7,7 @@ Each forgery is made as the owner with the guard triggers disabled, as a superus
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -469,9 +470,9 @@ async def test_writers_wait_for_a_checkpoint_only_while_it_reads_the_watermark(
 def test_events_of_a_renewal_and_a_takeover_racing_stay_one_chain(
     database_url: str, db_clock: Any
 ) -> None:
-    """renewal_failed is written by a worker that does not hold the run, while the new
-    holder writes its takeover: the two appends are serialized on the run's last event
-    row, never forked, and the takeover is not held back by the renewal."""
+    """renewal_failed is written by a worker that no longer holds the run, while the new
+    holder writes its takeover: the two appends are serialized on the run's row lock
+    (revision 0025), never forked."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tests.contract.helpers import LEASE_SECONDS, claim, finish, renew, submit_and_claim
@@ -489,7 +490,10 @@ def test_events_of_a_renewal_and_a_takeover_racing_stay_one_chain(
                 renewed = pool.submit(renew, a, "w1", [lease])
                 taken = pool.submit(claim, b, "w2", max_runs=1)
                 assert renewed.result(timeout=30) == []
-                (new,) = taken.result(timeout=30)
+                # a claim skips a run whose row another transaction holds: the renewal
+                # that records its failure, for a moment; the next claim takes it
+                got = taken.result(timeout=30) or claim(b, "w2", max_runs=1)
+                (new,) = got
                 assert new.run_id == f"race-{i}"
             finish(b, new, "succeeded", None, reason="done")  # out of the next race
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as admin:
@@ -532,18 +536,17 @@ def test_checkpoint_refusals_are_one_line(
 
 
 def test_three_writers_of_one_run_never_fork_its_chain(database_url: str, admin: Conn) -> None:
-    """A writer that waited for the run's last event row and got it after another writer
-    had appended a newer one (writers of renewal_failed and stale_write_rejected do not
-    hold the run) locks the newer one before it chains: the third writer, which came
-    after, waits for it instead of linking to the same event. A test-only trigger holds
-    the second writer inside its INSERT, after it chose its link, on an advisory lock."""
+    """Every writer of a run's events holds the run's row lock, those that do not hold its
+    lease too (revision 0025): report_stale_write, and renew_leases for a lease that
+    failed. The second writer waits for the holder, the third for the second, and each
+    chains to the event before it. A test-only trigger holds the second writer inside its
+    INSERT, after it read its link, on an advisory lock: a third writer that did not wait
+    for it would link to the same event (a fork)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def event(conn: Conn, kind: str) -> None:
-        conn.execute(
-            "SELECT runledger._event('fork-1', %s, 'w1', 1, 0, '{}'::jsonb, now())", (kind,)
-        )
+    from tests.contract.helpers import checkpoint, renew, report_stale_write, submit_and_claim
 
+    lease = submit_and_claim(admin, "fork-1", "w1")
     admin.execute(
         "CREATE FUNCTION runledger.test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
         " IF current_setting('test.hold', true) = 'on' THEN"
@@ -554,7 +557,6 @@ def test_three_writers_of_one_run_never_fork_its_chain(database_url: str, admin:
         " FOR EACH ROW EXECUTE FUNCTION runledger.test_hold()"
     )
     try:
-        event(admin, "submitted")
         with (
             psycopg.connect(database_url, row_factory=dict_row) as first,
             psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as second,
@@ -562,11 +564,15 @@ def test_three_writers_of_one_run_never_fork_its_chain(database_url: str, admin:
             psycopg.connect(database_url, autocommit=True) as gate,
             ThreadPoolExecutor(2) as pool,
         ):
+            for c in (first, second, third):
+                c.execute("SET ROLE runledger_worker")
             gate.execute("SELECT pg_advisory_lock(4242)")
-            event(first, "checkpoint")  # its transaction stays open: it holds the last row
+            # the holder's checkpoint: its transaction stays open, it holds the run
+            checkpoint(first, lease, lease.state_version, {"step": 1})
             second.execute("SET test.hold = 'on'")
             pid2 = second.info.backend_pid
-            appended = pool.submit(event, second, "renewal_failed")
+            stale = dataclasses.replace(lease, worker_id="w2")
+            appended = pool.submit(report_stale_write, second, stale, "complete_call")
             wait_until(
                 "the second writer to wait for the first", lambda: waiting_on_a_lock(admin, pid2)
             )
@@ -575,22 +581,25 @@ def test_three_writers_of_one_run_never_fork_its_chain(database_url: str, admin:
                 "the second writer held in its INSERT", lambda: _held_on_advisory(admin, pid2)
             )
             pid3 = third.info.backend_pid
-            last = pool.submit(event, third, "stale_write_rejected")
-            wait_until("the third writer", lambda: last.done() or waiting_on_a_lock(admin, pid3))
+            failed = pool.submit(renew, third, "w3", [lease])  # not w3's: renewal_failed
+            wait_until(
+                "the third writer", lambda: failed.done() or waiting_on_a_lock(admin, pid3)
+            )
             gate.execute("SELECT pg_advisory_unlock(4242)")
             appended.result(timeout=15)
-            last.result(timeout=15)
+            assert failed.result(timeout=15) == []
     finally:
         admin.execute("DROP TRIGGER test_hold ON runledger.run_events")
         admin.execute("DROP FUNCTION runledger.test_hold()")
     made = _events(admin, "fork-1")
     assert [e["kind"] for e in made] == [
         "submitted",
+        "claimed",
         "checkpoint",
-        "renewal_failed",
         "stale_write_rejected",
+        "renewal_failed",
     ]
-    assert chain_links(admin, "fork-1") == [True] * 4
+    assert chain_links(admin, "fork-1") == [True] * 5
 
 
 def _held_on_advisory(admin: Conn, pid: int) -> bool:

@@ -307,17 +307,22 @@ $$;
 -- worker's listener reads the queue in a transaction of its own), and a claim's commit
 -- notifies nothing else; a run's end, a pause or an operator's act is what is sent.
 -- 'submitted' costs no wake-up: its commit wakes the claimers (runledger_runs) anyway.
--- Revision 0016: the event carries its link in the run's hash chain. One run's events are
--- appended one at a time: the writer locks the run's last event row (FOR UPDATE; event
--- rows never change, so a waiter gets the same row once the holder ends), then checks in
--- a new snapshot that it is still the last (revision 0021; before, it read the last hash
--- again, which a third writer could have chained to as well) and locks the newer one
--- when it is not. Not the run's row lock: the writers of renewal_failed and
--- stale_write_rejected do not hold it, and a lock on the run would make a concurrent
--- claim skip it. A row lock takes no slot in the lock table, so a failover that marks a
--- million runs writes their events in one transaction. The event id is drawn inside the
--- INSERT, after its table lock: runledger.checkpoint_events, which takes the table in
--- SHARE mode, never misses an id drawn before it and inserted after it.
+-- Revision 0016: the event carries its link in the run's hash chain.
+-- Revision 0025: one run's events are appended one at a time under the run's row lock,
+-- which every writer of them holds before it calls this function (FOR NO KEY UPDATE or
+-- stronger, taken in an earlier statement; or the run row inserted by its own
+-- transaction: submit_run's first event): the leased writes (_lock_leased_run_at), the
+-- claims and the failover marking (their locking statements), the operator functions
+-- (_lock_run), renew_leases and report_stale_write, as every writer of a run's calls
+-- already did. The lock was taken in an earlier statement, so under READ COMMITTED the
+-- SELECT below takes a snapshot newer than it and reads the run's true last event.
+-- Before 0025 the writer locked the last event row itself (FOR UPDATE, then a check
+-- that it was still the last, revision 0021): a heap lock and a WAL record per event,
+-- on top of the run's, for the same order. The event id is drawn inside the INSERT,
+-- after its table lock: runledger.checkpoint_events, which takes the table in SHARE mode,
+-- never misses an id drawn before it and inserted after it. A row lock takes no slot in
+-- the lock table, so a failover that marks a million runs writes their events in one
+-- transaction.
 CREATE FUNCTION runledger._event(p_run_id text, p_kind text, p_actor text,
                                  p_fencing_token bigint, p_state_version bigint,
                                  p_detail jsonb, p_at timestamptz DEFAULT NULL) RETURNS void
@@ -327,48 +332,34 @@ DECLARE
     v_id bigint;
     v_at timestamptz := coalesce(p_at, runledger.now());
     v_detail jsonb := coalesce(p_detail, '{}'::jsonb);
-    v_last bigint;
     v_previous bytea;
 BEGIN
-    -- Revision 0021: the row locked must still be the run's last event once the lock is
-    -- held. A writer that waited for it may find that the holder appended a newer one,
-    -- and a third writer, come later, may already hold that one: chaining to the event
-    -- it locked, or to the newest it sees, would fork the chain. The INSERT checks, in
-    -- its own snapshot (taken after the lock), that no newer event exists; when one does
-    -- it inserts nothing, and the writer locks the newer one and tries again.
-    LOOP
-        SELECT e.event_id, e.hash INTO v_last, v_previous FROM runledger.run_events e
-        WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1 FOR UPDATE;
-        -- Revision 0023: that check needs a snapshot newer than the lock, which only READ
-        -- COMMITTED (and READ UNCOMMITTED, the same in PostgreSQL) takes. Under
-        -- REPEATABLE READ or SERIALIZABLE the INSERT sees the transaction's first
-        -- snapshot: an event committed since is not seen, and the new one would chain to
-        -- the same event as it (a fork). So a run's chain is extended only in READ
-        -- COMMITTED; its first event (a submit inside the caller's own transaction) is
-        -- written under any isolation.
-        IF v_last IS NOT NULL
-           AND pg_catalog.current_setting('transaction_isolation')
-               IN ('repeatable read', 'serializable') THEN
-            PERFORM runledger._raise('RL006',
-                format('events of run %s are written in READ COMMITTED transactions only, not %s',
-                       p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
-                'a transaction with one snapshot does not see the events committed since it'
-                || ' began, and the run''s hash chain would fork',
-                'call the contract functions in autocommit or in a READ COMMITTED transaction,'
-                || ' with default_transaction_isolation read committed');
-        END IF;
-        INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
-                                          state_version, detail, hash)
-        SELECT n.id, p_run_id, v_at, p_kind, p_actor, p_fencing_token, p_state_version,
-               v_detail,
-               runledger._event_hash(v_previous, n.id, p_run_id, v_at, p_kind, p_actor,
-                                     p_fencing_token, p_state_version, v_detail)
-        FROM (SELECT pg_catalog.nextval('runledger.run_events_event_id_seq'::regclass) AS id) n
-        WHERE NOT EXISTS (SELECT 1 FROM runledger.run_events e
-                          WHERE e.run_id = p_run_id AND e.event_id > v_last)
-        RETURNING event_id INTO v_id;
-        EXIT WHEN FOUND;
-    END LOOP;
+    SELECT e.hash INTO v_previous FROM runledger.run_events e
+    WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
+    -- Revision 0023: the SELECT above needs a snapshot newer than the run's lock, which
+    -- only READ COMMITTED (and READ UNCOMMITTED, the same in PostgreSQL) takes. Under
+    -- REPEATABLE READ or SERIALIZABLE it reads the transaction's first snapshot: an event
+    -- committed since is not seen, and the new one would chain to the same event as it (a
+    -- fork). So a run's chain is extended only in READ COMMITTED; its first event (a
+    -- submit inside the caller's own transaction) is written under any isolation.
+    IF FOUND AND pg_catalog.current_setting('transaction_isolation')
+                 IN ('repeatable read', 'serializable') THEN
+        PERFORM runledger._raise('RL006',
+            format('events of run %s are written in READ COMMITTED transactions only, not %s',
+                   p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
+            'a transaction with one snapshot does not see the events committed since it'
+            || ' began, and the run''s hash chain would fork',
+            'call the contract functions in autocommit or in a READ COMMITTED transaction,'
+            || ' with default_transaction_isolation read committed');
+    END IF;
+    INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
+                                      state_version, detail, hash)
+    SELECT n.id, p_run_id, v_at, p_kind, p_actor, p_fencing_token, p_state_version,
+           v_detail,
+           runledger._event_hash(v_previous, n.id, p_run_id, v_at, p_kind, p_actor,
+                                 p_fencing_token, p_state_version, v_detail)
+    FROM (SELECT pg_catalog.nextval('runledger.run_events_event_id_seq'::regclass) AS id) n
+    RETURNING event_id INTO v_id;
     IF p_kind NOT IN ('call_dispatched', 'call_succeeded', 'call_failed', 'call_not_applied',
                       'turn_recorded', 'checkpoint', 'claimed') THEN
         PERFORM pg_notify('runledger_events', v_id || ' ' || p_run_id || ' ' || p_kind);

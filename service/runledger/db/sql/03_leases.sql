@@ -563,10 +563,15 @@ BEGIN
     WITH wanted AS (
         SELECT u.run_id, u.lease_id FROM unnest(p_run_ids, p_lease_ids) AS u(run_id, lease_id)
     ), locked AS (
-        -- lock in a fixed order so two renewals never wait on each other in a cycle
-        SELECT l.run_id FROM runledger.runs l JOIN wanted w ON w.run_id = l.run_id
-        WHERE l.lease_id = w.lease_id AND l.lease_owner = p_worker_id
-          AND l.status = 'running' AND l.lease_expires_at > v_now AND l.fencing_token > v_floor
+        -- lock in a fixed order so two renewals never wait on each other in a cycle.
+        -- Revision 0025: every running run asked for, not only those it renews: a lease
+        -- that failed gets its renewal_failed event below, and a run's events are appended
+        -- under its row lock (runledger._event). All in one pass and one order: two stale
+        -- workers whose runs were taken over by each other would wait on each other if the
+        -- failed ones were locked one by one in the loop. Each row as it is once locked.
+        SELECT l.run_id, l.lease_id, l.lease_owner, l.status
+        FROM runledger.runs l JOIN wanted w ON w.run_id = l.run_id
+        WHERE l.status = 'running'
         ORDER BY l.run_id
         FOR NO KEY UPDATE OF l
     ), renewed AS (
@@ -581,12 +586,11 @@ BEGIN
            NULL::uuid AS current_lease_id, NULL::text AS current_owner, NULL::text AS status
     FROM renewed n
     UNION ALL
-    SELECT w.run_id, NULL, false, w.lease_id, x.lease_id, x.lease_owner, x.status
-    FROM wanted w JOIN runledger.runs x ON x.run_id = w.run_id
+    -- a run that left 'running' (finished, released, cancelled) has its own event: only a
+    -- lease that expired or was taken over is a renewal failure (a locked run is running)
+    SELECT w.run_id, NULL, false, w.lease_id, k.lease_id, k.lease_owner, k.status
+    FROM wanted w JOIN locked k ON k.run_id = w.run_id
     WHERE NOT EXISTS (SELECT 1 FROM renewed n WHERE n.run_id = w.run_id)
-      -- a run that left 'running' (finished, released, cancelled) has its own event:
-      -- only a lease that expired or was taken over is a renewal failure
-      AND x.status = 'running'
     LOOP
         IF v_row.renewed THEN
             run_id := v_row.run_id;
@@ -654,7 +658,8 @@ $$;
 
 -- A worker whose write was refused records that, in its own transaction, naming itself.
 -- The stale token goes in detail; the fencing_token column only carries current tokens.
--- The run must exist (it is not locked: the report changes nothing of it). The message
+-- The run must exist. Its row is locked (revision 0025), though the report changes nothing
+-- of it: a run's events are appended under its row lock (runledger._event). The message
 -- is what the worker was told (str() of the refusal, with DETAIL and HINT): its cap is
 -- generous, so that the report of a refusal never fails on the refusal's own text.
 CREATE FUNCTION runledger.report_stale_write(p_run_id text, p_worker_id text, p_lease_id uuid,
@@ -671,7 +676,7 @@ BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
     PERFORM runledger._check_text('operation', p_operation, 1, runledger._cap('operation'));
     PERFORM runledger._check_text('message', p_message, 0, runledger._cap('message'));
-    SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id;
+    SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         PERFORM runledger._raise('RL003', format('run %s not found', p_run_id),
             'a stale write is reported only for a run that exists', NULL);
