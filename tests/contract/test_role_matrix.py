@@ -368,6 +368,7 @@ WORKER_FUNCTIONS = {
     "record_turn_v2",
     "record_turn_v3",
     "record_turn_v4",
+    "finish_and_claim",  # revision 0026
     "dispatch_call",
     "complete_call",
     "complete_call_v2",

@@ -172,6 +172,7 @@ CONTRACT_FUNCTIONS = [
     "record_turn",
     "record_turn_v2",
     "record_turn_v3",
+    "finish_and_claim",
     "dispatch_call",
     "complete_call",
     "complete_call_v2",

@@ -582,9 +582,7 @@ def test_three_writers_of_one_run_never_fork_its_chain(database_url: str, admin:
             )
             pid3 = third.info.backend_pid
             failed = pool.submit(renew, third, "w3", [lease])  # not w3's: renewal_failed
-            wait_until(
-                "the third writer", lambda: failed.done() or waiting_on_a_lock(admin, pid3)
-            )
+            wait_until("the third writer", lambda: failed.done() or waiting_on_a_lock(admin, pid3))
             gate.execute("SELECT pg_advisory_unlock(4242)")
             appended.result(timeout=15)
             assert failed.result(timeout=15) == []

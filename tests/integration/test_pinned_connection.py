@@ -1,5 +1,6 @@
 """Executor.pinned: a run's statements go through one connection of the pool, checked
-out once; a lost connection unpins it and the pool takes over again."""
+out once; a lost connection unpins it and the pool takes over again. The connection
+given back last is handed out first, for up to WARM_SECONDS (execution._Warm)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import asyncio
 from typing import Any
 
 import psycopg
+import pytest
 
+from runledger.db import execution
 from runledger.db.store import Store
 
 
@@ -31,9 +34,12 @@ async def test_statements_of_a_pinned_task_share_one_checkout(database_url: str)
         after = store.pool.get_stats().get("requests_num", 0)
         assert len(pids) == 1
         assert after - before == 1  # one checkout for nine statements
-        # given back at the exit: the next statement checks it out like any other
+        # given back at the exit, and handed out first: the next statement, and the next
+        # pinned task, take it without a checkout of the pool
         assert await _pid(store) in pids
-        assert store.pool.get_stats().get("requests_num", 0) - after == 1
+        async with store.pinned():
+            assert await _pid(store) in pids
+        assert store.pool.get_stats().get("requests_num", 0) - after == 0
     finally:
         await store.close()
 
@@ -70,12 +76,34 @@ async def test_a_statement_in_flight_keeps_the_connection_until_it_ends(
         async with store.pinned():
             late = asyncio.ensure_future(slow())  # as a fenced run's shielded write
             await started.wait()
-        # the pin is left while the statement runs: the connection is not back yet
+        # the pin is left while the statement runs: the connection is not back yet, and
+        # another statement meanwhile checks out one of its own
+        other = await _pid(store)
         lent = store.pool.get_stats()
         rows = await late
-        assert rows[0]["pid"] is not None
+        assert rows[0]["pid"] != other
         await asyncio.sleep(0)  # the give-back runs as the statement's task ends
+        # back in the pool (the other statement's connection holds the warm place)
         back = store.pool.get_stats()
         assert back["pool_available"] == lent["pool_available"] + 1
+    finally:
+        await store.close()
+
+
+async def test_a_connection_given_back_long_ago_goes_back_to_the_pool(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection given back last waits out of the pool for WARM_SECONDS at most:
+    an older one is returned to the pool, and the statement checks one out."""
+    store = await Store.connect(database_url, max_size=4)
+    try:
+        first = await _pid(store)
+        before = store.pool.get_stats().get("requests_num", 0)
+        assert await _pid(store) == first  # handed out again, no checkout
+        assert store.pool.get_stats().get("requests_num", 0) == before
+        monkeypatch.setattr(execution, "WARM_SECONDS", 0.0)
+        await asyncio.sleep(0.01)
+        await _pid(store)
+        assert store.pool.get_stats().get("requests_num", 0) == before + 1
     finally:
         await store.close()

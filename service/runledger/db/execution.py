@@ -15,7 +15,8 @@ without a read-back.
 
 :meth:`Executor.pinned`: the statements of one task (a run's writes, and the tasks it
 starts) go through one connection of the pool instead of a checkout each; a connection
-failure unpins it, and the pool takes over again.
+failure unpins it, and the pool takes over again. The connection given back last is
+handed out first (:class:`_Warm`).
 
 Connecting (:func:`probe`, which :meth:`runledger.db.store.Store.connect` and
 ``runledger migrate`` call first) fails fast and says why in one line: within the connect
@@ -36,6 +37,7 @@ import os
 import random
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from enum import StrEnum
@@ -288,15 +290,68 @@ def _rows_as_is(rows: list[Row]) -> list[Row]:
     return rows
 
 
+WARM_SECONDS = 1.0  # how long the connection given back last waits out of the pool
+
+
+class _Warm:
+    """The connection given back last, kept out of ``pool`` for up to
+    :data:`WARM_SECONDS` and handed out before the pool's (last in, first out). A worker
+    that sends one statement at a time then keeps to one server backend. psycopg's pool
+    hands its idle connections out in turn (first in, first out): a worker whose next run
+    started before the last one gave its connection back (a claim sent with a final
+    decision) switched backends at every run, and each statement of a backend that sat
+    idle while another worked took about a tenth longer (cold caches; bench/README.md,
+    session 16). Only an idle, open connection is kept; any other goes back to the pool,
+    which sorts it out."""
+
+    __slots__ = ("at", "closed", "conn", "pool")
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.at = 0.0
+        self.closed = False
+
+    async def checkout(self) -> psycopg.AsyncConnection[Any]:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            if time.monotonic() - self.at <= WARM_SECONDS and _idle(conn):
+                return conn
+            await self.pool.putconn(conn)
+        return await self.pool.getconn()
+
+    async def checkin(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self.conn is None and not self.closed and _idle(conn):
+            self.conn, self.at = conn, time.monotonic()
+            return
+        await self.pool.putconn(conn)
+
+    async def close(self) -> None:
+        self.closed = True
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await self.pool.putconn(conn)
+
+
+def _idle(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return (
+        not conn.closed
+        and not conn.broken
+        and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    )
+
+
 class _Pin:
     """One connection of ``pool`` lent to a task and the tasks it starts. A statement
-    in flight keeps it lent; once released (and idle) it goes back to the pool, and so it
-    does, unpinned, after a connection failure (the pool discards a broken one)."""
+    in flight keeps it lent; once released (and idle) it goes back (through ``warm``),
+    and so it does, unpinned, after a connection failure (the pool discards a broken
+    one)."""
 
-    __slots__ = ("conn", "pool", "released", "users")
+    __slots__ = ("conn", "pool", "released", "users", "warm")
 
-    def __init__(self, pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]) -> None:
-        self.pool = pool
+    def __init__(self, warm: _Warm, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.warm = warm
+        self.pool = warm.pool
         self.conn: psycopg.AsyncConnection[Any] | None = conn
         self.users = 0
         self.released = False
@@ -304,7 +359,7 @@ class _Pin:
     async def _give_back(self) -> None:
         conn, self.conn = self.conn, None
         if conn is not None:
-            await self.pool.putconn(conn)
+            await self.warm.checkin(conn)
 
     async def done_with(self, lost: bool) -> None:
         self.users -= 1
@@ -346,12 +401,14 @@ class Executor:
         max_payload_bytes: int | None = None,
     ) -> None:
         self.pool = pool
+        self._warm = _Warm(pool)
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.max_payload_bytes = max_payload_bytes
 
     async def close(self) -> None:
+        await self._warm.close()
         await self.pool.close()
 
     async def _rows(self, sql: LiteralString | wire.Prepared, params: Sequence[Any]) -> list[Row]:
@@ -372,8 +429,11 @@ class Executor:
                 raise
             finally:
                 await pin.done_with(lost)
-        async with self.pool.connection() as conn:
+        conn = await self._warm.checkout()
+        try:
             return await _send(conn, sql, params)
+        finally:
+            await self._warm.checkin(conn)
 
     @contextlib.asynccontextmanager
     async def pinned(self) -> AsyncIterator[None]:
@@ -383,11 +443,11 @@ class Executor:
         statement still in flight at the exit (a fenced run's write in the background)
         keeps the connection until it ends."""
         try:
-            conn = await self.pool.getconn()
+            conn = await self._warm.checkout()
         except Exception:  # the pool is exhausted or closing: the statements check out
             yield
             return
-        pin = _Pin(self.pool, conn)
+        pin = _Pin(self._warm, conn)
         token = _PINNED.set(pin)
         try:
             yield

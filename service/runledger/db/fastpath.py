@@ -59,12 +59,37 @@ CLAIM_RUNS_V4 = wire.Prepared(
     "SELECT * FROM runledger.claim_runs_v4($1::text, $2::text[], $3::interval, $4::int)",
     4,
 )
+FINISH_AND_CLAIM = wire.Prepared(
+    "finish_and_claim",
+    "SELECT * FROM runledger.finish_and_claim($1::text, $2::uuid, $3::bigint, $4::int,"
+    " $5::jsonb, $6::jsonb, $7::bigint, $8::jsonb, $9::text, $10::text[], $11::interval,"
+    " $12::int)",
+    12,
+)
 COMPLETE_CALLS = wire.Prepared(
     "complete_calls",
     "SELECT runledger.complete_calls($1::text, $2::uuid, $3::bigint, $4::text[], $5::text[],"
     " $6::jsonb[], $7::jsonb[]) AS attempt",
     7,
 )
+
+
+def claimed(rows: Sequence[Row]) -> list[tuple[ClaimedRun, ClaimedJournal]]:
+    """The runs of a ``claim_runs_v4`` reply (or of ``finish_and_claim``'s rows that carry
+    a run), each with what the claim brought of its journal, left packed."""
+    return [
+        (
+            claimed_run(r),
+            ClaimedJournal(
+                stalled_claims=int(r["stalled_claims"]),
+                turns=r["turns"],
+                calls=r["calls"],
+                failover_turn=r["failover_turn"],
+            ),
+        )
+        for r in rows
+        if r["run_id"] is not None
+    ]
 
 
 def claimed_run(r: Row) -> ClaimedRun:
@@ -200,18 +225,7 @@ class FastPath(OperatorWrites):
         for f in flows:
             check_text("flow", f)
         rows = await self._read(CLAIM_RUNS_V4, (worker_id, list(flows), lease, max_runs))
-        return [
-            (
-                claimed_run(r),
-                ClaimedJournal(
-                    stalled_claims=int(r["stalled_claims"]),
-                    turns=r["turns"],
-                    calls=r["calls"],
-                    failover_turn=r["failover_turn"],
-                ),
-            )
-            for r in rows
-        ]
+        return claimed(rows)
 
     async def record_turn_v3(
         self,
@@ -298,6 +312,60 @@ class FastPath(OperatorWrites):
             fields={"run_id": run_id, "fencing_token": fencing_token},
         )
         return done.state_version, done.attempts
+
+    async def finish_and_claim(
+        self,
+        run_id: str,
+        lease_id: uuid.UUID,
+        fencing_token: int,
+        turn: int,
+        *,
+        record: dict[str, Any] | None = None,
+        output: Any = None,
+        expected_version: int,
+        state: dict[str, Any] | None = None,
+        worker_id: str,
+        flows: Sequence[str],
+        lease: dt.timedelta,
+        max_runs: int,
+    ) -> tuple[int, list[tuple[ClaimedRun, ClaimedJournal]]]:
+        """The final decision of a run (:meth:`record_turn_v4` with no calls and
+        ``finish``) and :meth:`claim_runs_v4` for ``worker_id``, in one transaction
+        (``finish_and_claim``, revision 0026). Returns the finished run's state version and
+        the runs claimed. Sent alone, never coalesced. After an ambiguous commit that the
+        read-back finds landed, the claims are not known: none is returned, and those
+        runs are taken over once their leases expire, as after a lost claim."""
+        record_json = self._json("record", record, obj=True, nullable=True)
+        output_json = self._json("output", output, obj=False, nullable=True)
+        state_json = self._json("state", state, obj=True, nullable=True)
+        check_text("worker id", worker_id)
+        for f in flows:
+            check_text("flow", f)
+
+        async def landed() -> tuple[int, list[tuple[ClaimedRun, ClaimedJournal]]] | None:
+            done = await self.recorded(run_id, fencing_token, turn, True)
+            return None if done is None else (done.state_version, [])
+
+        return await self._write(
+            FINISH_AND_CLAIM,
+            (
+                run_id,
+                lease_id,
+                fencing_token,
+                turn,
+                record_json,
+                output_json,
+                expected_version,
+                state_json,
+                worker_id,
+                list(flows),
+                lease,
+                max_runs,
+            ),
+            result=lambda rows: (int(rows[0]["finished_version"]), claimed(rows)),
+            landed=landed,
+            fields={"run_id": run_id, "fencing_token": fencing_token},
+        )
 
     async def complete_call_v2(
         self,

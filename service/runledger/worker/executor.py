@@ -48,6 +48,7 @@ from runledger.flows import (
 from runledger.model import Approval, Call, FinishStatus, Turn
 from runledger.worker import poison, tracing
 from runledger.worker.calls import Calls, Settled, check_boundary, check_deadline
+from runledger.worker.claiming import Claiming, NextClaim
 from runledger.worker.crash import CrashPoints
 from runledger.worker.giving_up import GivingUp
 from runledger.worker.groups import call_groups, group_sizes, settle_group
@@ -81,8 +82,11 @@ class Executor:
         limits: Limits,
         crash: CrashPoints | None = None,
         metrics: Metrics | None = None,
+        claims: Claiming | None = None,
     ) -> None:
         self.store = store
+        # the worker's claims: a final decision may carry its next claim (finish_and_claim)
+        self.claims = claims
         self.flows = flows
         self.worker_id = worker_id
         self.limits = limits
@@ -262,11 +266,13 @@ class Executor:
             finish = not payload and not self.crash.wants("after_record_turn", str(next_turn))
             # and the calls sent first are dispatched in it too (one commit)
             first = self._sent_with_decision(active, flow, next_turn, payload)
+            # the final decision of the worker's one run also claims its next runs
+            request = self.claims.next_claim(active) if finish and self.claims else None
             try:
-                active.state_version, attempts = await self.writes.write(
-                    active,
-                    "record_turn",
-                    self.store.record_turn_v4(
+                if request is not None:
+                    written = self._finish_and_claim(active, next_turn, decision, request)
+                else:
+                    written = self.store.record_turn_v4(
                         c.run_id,
                         c.lease_id,
                         c.fencing_token,
@@ -278,7 +284,9 @@ class Executor:
                         state=active.checkpoint_due,
                         finish=finish,
                         dispatch=first,
-                    ),
+                    )
+                active.state_version, attempts = await self.writes.write(
+                    active, "record_turn", written
                 )
             except errors.InvalidInput as exc:  # e.g. args the database cannot store
                 failed = error_of(exc)
@@ -321,6 +329,34 @@ class Executor:
             if self.crash.wants("before_dispatch", x["tool"]):
                 return []
         return [x["call_id"] for x in group]
+
+    async def _finish_and_claim(
+        self, active: ActiveRun, turn: int, decision: Any, request: NextClaim
+    ) -> tuple[int, tuple[int, ...]]:
+        """The final decision with the worker's next claim (``finish_and_claim``): the
+        runs claimed are started before this returns, so a run fenced meanwhile (its
+        task cancelled, this write going on in the background) still hands them over."""
+        assert self.claims is not None
+        c = active.claim
+        try:
+            version, runs = await self.store.finish_and_claim(
+                c.run_id,
+                c.lease_id,
+                c.fencing_token,
+                turn,
+                record=decision.record,
+                output=decision.output,
+                expected_version=active.state_version,
+                state=active.checkpoint_due,
+                worker_id=request.worker_id,
+                flows=request.flows,
+                lease=request.lease,
+                max_runs=request.max_runs,
+            )
+            await self.claims.claimed(request, runs, active)
+        finally:
+            self.claims.claim_done(request)
+        return version, ()
 
     async def _settle_turn(
         self,

@@ -49,6 +49,7 @@ from runledger.config import default
 from runledger.db.store import Store
 from runledger.flows import Flow
 from runledger.worker import listener
+from runledger.worker.claiming import Claiming
 from runledger.worker.crash import CrashPoints
 from runledger.worker.executor import ActiveRun, Executor, Limits
 from runledger.worker.listener import ListenerSession
@@ -102,7 +103,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-class Worker(Listening):
+class Worker(Listening, Claiming):
     def __init__(
         self,
         *,
@@ -149,6 +150,7 @@ class Worker(Listening):
             Metrics() if http_port is None else PrometheusMetrics(lambda: len(self.active))
         )
         self._init_listening(session_locks)
+        self._init_claiming()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -218,6 +220,7 @@ class Worker(Listening):
             limits=self.limits,
             crash=self.crash,
             metrics=self.metrics,
+            claims=self,
         )
         failure: WorkerFailed | None = None
         health = None
@@ -272,7 +275,7 @@ class Worker(Listening):
                     tg.create_task(self._guard("listener", self._listener(listen))),
                     tg.create_task(self._guard("checkpointer", self._checkpointer())),
                 ]
-                await self._claimer(executor)
+                await self._claimer()
                 await self._drain()
                 for t in helpers:
                     t.cancel()
@@ -350,72 +353,11 @@ class Worker(Listening):
             await self._hand_back(leftovers)
         await self.executor.settle(timeout=1.0)
 
-    # -- claimer -----------------------------------------------------------------------
-
-    async def _claimer(self, executor: Executor) -> None:
-        assert self.store is not None
-        while not self.stopping.is_set():
-            self.wake.clear()
-            free = self.concurrency - len(self.active)
-            claimed = 0
-            if free > 0 and not self.claims_paused:
-                sent = time.monotonic()
-                generation = self._generation
-                try:
-                    # each run with its journal: nothing more is read after the claim
-                    runs = await self.store.claim_runs_v4(
-                        self.worker_id, sorted(self.flows), self.lease, free
-                    )
-                    self.metrics.claim_took(time.monotonic() - sent)
-                except Exception:
-                    log.exception("claim failed", extra={"worker_id": self.worker_id})
-                    runs = []
-                claimed = len(runs)
-                if runs and generation != self._generation:
-                    # the listener went down or came back while the claim was out: its
-                    # runs may carry the lock of a session that ended; hand them back
-                    await self._hand_back_claims([run for run, _ in runs])
-                    runs = []
-                for run, loaded in runs:
-                    active = ActiveRun(
-                        claim=run,
-                        deadline=sent + self.lease_seconds - self.margin,
-                        loaded=loaded,
-                        vouch=self._vouch,
-                    )
-                    active.draining = self.stopping.is_set()  # claimed as the stop came
-                    self.active[run.run_id] = active
-                    active.task = asyncio.create_task(
-                        self._execute(executor, active), name=f"run:{run.run_id}"
-                    )
-                    self.metrics.claimed(run)
-                    log.info(
-                        "claimed run",
-                        extra={
-                            "run_id": run.run_id,
-                            "worker_id": self.worker_id,
-                            "fencing_token": run.fencing_token,
-                            "takeover": run.takeover,
-                        },
-                    )
-            if claimed and claimed == free:
-                continue  # there may be more waiting; go again at once
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.poll_seconds)
-
-    async def _hand_back_claims(self, runs: Sequence[Any]) -> None:
-        assert self.store is not None
-        for run in runs:
-            log.warning(
-                "handing back a run claimed while the listener changed",
-                extra={"run_id": run.run_id, "worker_id": self.worker_id},
-            )
-            with contextlib.suppress(Exception):
-                await self.store.release_lease(run.run_id, run.lease_id, run.fencing_token)
-
-    async def _execute(self, executor: Executor, active: ActiveRun) -> None:
+    async def _execute(self, active: ActiveRun, after: asyncio.Task[None] | None = None) -> None:
         try:
-            await executor.execute(active)
+            if after is not None:  # a run claimed with another's final decision: its end
+                await asyncio.wait([after])  # (and its connection given back) first
+            await self.executor.execute(active)
         finally:
             # the same run may have been claimed again meanwhile (its lease expired while
             # this task still ran): only forget our own entry

@@ -578,6 +578,47 @@ END
 $$;
 
 
+-- finish_and_claim (revision 0026): a run's final decision (record_turn_v4 with no calls
+-- and p_finish true: the checkpoint due, the decision, the run's success) and the next
+-- claim of the same worker (claim_runs_v4 for p_worker_id, p_flows, p_lease, p_max_runs),
+-- in one transaction: a worker with one run in hand claims its next one with the commit
+-- that ends it, one statement and one commit less per run than the decision and then the
+-- claim. Either both commit or neither (the finish's refusals are record_turn_v4's, the
+-- claim's are claim_runs_v4's). The finish comes first: its run is succeeded, never among
+-- the claimed. Rows: one per claimed run, each with finished_version (the finished run's
+-- state_version) and the run in claim_runs_v4's columns; one row with the claim's columns
+-- NULL when nothing was claimed.
+CREATE FUNCTION runledger.finish_and_claim(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                           p_turn int, p_record jsonb, p_output jsonb,
+                                           p_expected_version bigint, p_state jsonb,
+                                           p_worker_id text, p_flows text[], p_lease interval,
+                                           p_max_runs int)
+RETURNS TABLE (finished_version bigint, run_id text, flow text, flow_version text, input jsonb,
+               state jsonb, state_version bigint, fencing_token bigint, lease_id uuid,
+               lease_expires_at timestamptz, takeover boolean, stalled_claims integer,
+               turns json, calls json, failover_turn integer, traceparent text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_version bigint;
+BEGIN
+    SELECT d.state_version INTO v_version
+    FROM runledger.record_turn_v4(p_run_id, p_lease_id, p_fencing_token, p_turn, '[]'::jsonb,
+                                  p_record, p_output, p_expected_version, p_state, true,
+                                  NULL) AS d;
+    RETURN QUERY
+    SELECT v_version, c.run_id, c.flow, c.flow_version, c.input, c.state, c.state_version,
+           c.fencing_token, c.lease_id, c.lease_expires_at, c.takeover, c.stalled_claims,
+           c.turns, c.calls, c.failover_turn, c.traceparent
+    FROM runledger._claim(p_worker_id, p_flows, p_lease, p_max_runs, true) AS c;
+    IF NOT FOUND THEN
+        finished_version := v_version;
+        RETURN NEXT;
+    END IF;
+END
+$$;
+
 -- record_turn_v3 (revision 0008): record_turn_v2 with the checkpoint of the turns before it
 -- and, for the final decision, the end of the run, in one transaction. p_state (an object,
 -- or NULL: no checkpoint) is written with a compare-and-set on p_expected_version, as

@@ -59,6 +59,8 @@ BEGIN
                                      boolean),
             runledger.record_turn_v4(text, uuid, bigint, int, jsonb, jsonb, jsonb, bigint, jsonb,
                                      boolean, text[]),
+            runledger.finish_and_claim(text, uuid, bigint, int, jsonb, jsonb, bigint, jsonb, text,
+                                       text[], interval, int),
             runledger.dispatch_call(text, uuid, bigint, text),
             runledger.complete_call(text, uuid, bigint, text, text, jsonb, jsonb),
             runledger.complete_call_v2(text, uuid, bigint, text, text, jsonb, jsonb, text),

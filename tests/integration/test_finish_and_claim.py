@@ -1,0 +1,98 @@
+"""A worker with one run in hand claims its next run with that run's final decision
+(``finish_and_claim``, revision 0026): one commit ends a run and claims the next. Rows
+written by one transaction carry its id (``xmin``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from runledger.flows import Flow, ToolCall
+from runledger.worker.claiming import NextClaim
+from runledger.worker.runs import ActiveRun
+from tests.integration.conftest import Db, StartWorker, eventually
+
+
+def _flow() -> Flow:
+    flow = Flow("relay", "1")
+
+    @flow.tool(safety="idempotent")
+    async def step(ctx: Any) -> dict[str, Any]:
+        return {"ok": True}
+
+    @flow.policy
+    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return [] if history else [ToolCall("step", {})]
+
+    return flow
+
+
+async def _tx(db: Db, run_id: str, kind: str) -> str:
+    rows = await db.rows(
+        "SELECT xmin::text AS tx FROM runledger.run_events WHERE run_id = %s AND kind = %s",
+        run_id,
+        kind,
+    )
+    assert len(rows) == 1, (run_id, kind, rows)
+    return str(rows[0]["tx"])
+
+
+async def test_a_lone_run_ends_in_the_commit_that_claims_the_next(
+    db: Db, start_worker: StartWorker
+) -> None:
+    flow = _flow()
+    ids = [f"relay-{i}" for i in range(4)]
+    for run_id in ids:
+        await db.submit(run_id, flow)
+    await start_worker(flow, concurrency=1)
+    for run_id in ids:
+        assert (await db.wait_status(run_id, "succeeded", "failed", "paused"))["status"] == (
+            "succeeded"
+        )
+    # the first run came from the claimer; each next one with its predecessor's end
+    for before, after in zip(ids, ids[1:], strict=False):
+        assert await _tx(db, before, "run_succeeded") == await _tx(db, after, "claimed")
+    # and the claimer's own claim stays apart from any decision
+    first_claim = await _tx(db, ids[0], "claimed")
+    assert first_claim not in {await _tx(db, r, "run_succeeded") for r in ids}
+
+
+async def test_runs_claimed_with_a_final_decision_as_the_worker_stops_are_handed_back(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """The worker's drain waits for the runs it had when it began to stop: runs claimed
+    by a final decision whose answer comes back after that are released at once."""
+    running = await start_worker(_flow(), concurrency=1)
+    worker = running.worker
+    assert worker.store is not None
+    other = Flow("elsewhere", "1")  # runs its own claimer leaves alone
+    await db.submit("late-1", other)
+    await db.submit("late-2", other)
+    # the claim that went with some final decision, and the stop, came meanwhile
+    request = NextClaim(
+        worker_id=worker.worker_id,
+        flows=(other.ref,),
+        lease=worker.lease,
+        max_runs=2,
+        sent=time.monotonic(),
+        generation=worker._generation,
+    )
+    worker.stopping.set()
+    runs = await worker.store.claim_runs_v4(
+        request.worker_id, list(request.flows), request.lease, request.max_runs
+    )
+    assert sorted(r.run_id for r, _ in runs) == ["late-1", "late-2"]
+    finishing = ActiveRun(claim=runs[0][0], deadline=time.monotonic() + 30)
+    await worker.claimed(request, runs, finishing)
+    for run_id in ("late-1", "late-2"):
+        run = await db.run(run_id)
+        assert (run["status"], run["lease_id"]) == ("queued", None)
+        assert run_id not in worker.active
+    kinds = await db.rows(
+        "SELECT kind FROM runledger.run_events WHERE run_id = 'late-1' ORDER BY event_id"
+    )
+    assert [k["kind"] for k in kinds][-2:] == ["claimed", "lease_released"]
+    running.request_stop()
+    await eventually(lambda: running.task.done(), what="the worker stopped")
+    await asyncio.sleep(0)
