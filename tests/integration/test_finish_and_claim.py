@@ -5,6 +5,7 @@ written by one transaction carry its id (``xmin``)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -51,7 +52,7 @@ async def test_a_lone_run_ends_in_the_commit_that_claims_the_next(
             "succeeded"
         )
     # the first run came from the claimer; each next one with its predecessor's end
-    for before, after in zip(ids, ids[1:], strict=False):
+    for before, after in itertools.pairwise(ids):
         assert await _tx(db, before, "run_succeeded") == await _tx(db, after, "claimed")
     # and the claimer's own claim stays apart from any decision
     first_claim = await _tx(db, ids[0], "claimed")

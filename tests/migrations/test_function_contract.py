@@ -563,6 +563,28 @@ UNPINNED = {
     "runledger._event_hash(bytea,bigint,text,timestamp with time zone,text,text,bigint,bigint,"
     "jsonb)",  # revision 0016
     "runledger._checkpoint_digest(bytea,bigint,bigint,text)",  # revision 0016
+    # revision 0027: the functions the CHECK constraints call, executable by PUBLIC (a
+    # CHECK's function runs with the writer's rights); pure, every name schema-qualified
+    "runledger._ck_runs_run_id(text)",
+    "runledger._ck_runs_status(text)",
+    "runledger._ck_runs_input_object(jsonb)",
+    "runledger._ck_runs_state_object(jsonb)",
+    "runledger._ck_runs_lease_complete(uuid,timestamp with time zone)",
+    "runledger._ck_runs_running_has_lease(text,uuid)",
+    "runledger._ck_runs_finished_at(text,timestamp with time zone)",
+    "runledger._ck_runs_traceparent(text)",
+    "runledger._ck_run_turns_turn(integer)",
+    "runledger._ck_run_turns_calls_array(jsonb)",
+    "runledger._ck_run_turns_record_object(jsonb)",
+    "runledger._ck_run_turns_output_final(jsonb,jsonb)",
+    "runledger._ck_run_calls_status(text)",
+    "runledger._ck_run_calls_args_object(jsonb)",
+    "runledger._ck_run_calls_attempts(integer)",
+    "runledger._ck_run_calls_key(text,text,integer,text)",
+    "runledger._ck_run_calls_approval(text)",
+    "runledger._ck_run_calls_approval_status(text,text)",
+    "runledger._ck_run_calls_approval_decided(text,text,timestamp with time zone,text)",
+    "runledger._ck_run_events_hash(bytea)",
 }
 
 
@@ -588,9 +610,11 @@ def test_every_function_is_pinned_or_a_helper_only_pinned_code_reaches(
     loose = {r["fn"]: r for r in rows if PINNED_SEARCH_PATH not in (r["proconfig"] or [])}
     assert set(loose) == UNPINNED
     assert [f for f, r in loose.items() if r["prosecdef"] or r["is_trigger"]] == []
-    granted = {f: r["grantees"] for f, r in loose.items() if r["grantees"]}
+    checks = {f for f in loose if f.startswith("runledger._ck_")}  # revision 0027
+    assert len(checks) == 20
+    granted = {f: r["grantees"] for f, r in loose.items() if r["grantees"] and f not in checks}
     assert granted == {"runledger.now()": [AUDITOR, OPERATOR, WORKER]}  # auditor: 0012
-    assert [r["fn"] for r in rows if r["public_exec"]] == []
+    assert {r["fn"] for r in rows if r["public_exec"]} == checks
 
 
 def test_worker_role_cannot_run_operator_functions(conn: Conn) -> None:

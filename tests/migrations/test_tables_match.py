@@ -11,6 +11,7 @@ Two independent checks:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Connection, MetaData, Text, create_engine, pool, text
 
-from runledger.db import tables
+from runledger.db import schema, tables
 from runledger.db.migrate import sqlalchemy_url
 from tests.migrations.helpers import query
 
@@ -134,6 +135,15 @@ def catalog(url: str) -> dict[str, set[tuple[Any, ...]]]:
     }
 
 
+def _check_functions() -> list[str]:
+    """The CREATE FUNCTION statements of ``runledger._ck_*`` in the living SQL."""
+    found = re.findall(
+        r"^CREATE FUNCTION runledger\._ck_\w+\(.*?\$\$;", schema.living_sql(), re.M | re.S
+    )
+    assert len(found) >= 20
+    return found
+
+
 @pytest.fixture
 def metadata_database_url(new_empty_database: Callable[[], str]) -> str:
     """An empty database where only ``tables.metadata.create_all`` ran."""
@@ -142,6 +152,9 @@ def metadata_database_url(new_empty_database: Callable[[], str]) -> str:
     try:
         with engine.begin() as conn:
             conn.execute(text("CREATE SCHEMA runledger"))
+            # the functions the CHECK constraints call (revision 0027), from the living SQL
+            for definition in _check_functions():
+                conn.exec_driver_sql(definition)
             tables.metadata.create_all(conn)
     finally:
         engine.dispose()

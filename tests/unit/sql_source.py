@@ -25,7 +25,10 @@ def sql_text() -> str:
 
 def sql_patterns(subject: str) -> list[str]:
     """Every POSIX regex the SQL matches ``subject`` against with ``~`` or ``!~``."""
-    found = re.findall(r"(?<![\w>])" + re.escape(subject) + r"\s*!?~\s*'([^']*)'", sql_text())
+    found = re.findall(
+        r"(?<![\w>])" + re.escape(subject) + r"\s*(?:!?~|OPERATOR\(pg_catalog\.!?~\))\s*'([^']*)'",
+        sql_text(),
+    )
     assert found, f"no regex applied to {subject!r} in {SQL_SOURCE}"
     return found
 
@@ -48,11 +51,23 @@ def as_python(posix: str) -> re.Pattern[str]:
 
 
 def check_words(constraint: str) -> list[str]:
-    """The quoted words of ``CONSTRAINT <constraint> CHECK (... IN (...))``."""
+    """The quoted words of ``CONSTRAINT <constraint> CHECK (... IN (...))``; since revision
+    0027 the constraint calls ``runledger._<constraint>(...)``, whose body is that
+    expression, schema-qualified (``RETURN <column> OPERATOR(pg_catalog.=) ANY (ARRAY[...])``)."""
+    sql = sql_text()
+    assert re.search(
+        re.escape(constraint) + r"\s+CHECK\s*\(\s*runledger\._" + re.escape(constraint) + r"\(",
+        sql,
+    ), f"no CHECK named {constraint} calling its function"
     match = re.search(
-        re.escape(constraint) + r"\s+CHECK\s*\(\s*\w+\s+IN\s*\(([^)]*)\)", sql_text(), re.S
+        r"FUNCTION runledger\._"
+        + re.escape(constraint)
+        + r"\([^)]*\)[^$]*\$\$ BEGIN\s+RETURN \w+ OPERATOR\(pg_catalog\.=\) ANY"
+        + r" \(ARRAY\[([^\]]*)\]",
+        sql,
+        re.S,
     )
-    assert match, f"no CHECK ... IN (...) named {constraint}"
+    assert match, f"no function of {constraint} returning ... = ANY (ARRAY[...])"
     return re.findall(r"'([^']*)'", match.group(1))
 
 

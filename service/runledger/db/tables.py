@@ -54,8 +54,13 @@ def _tstz() -> DateTime:
     return DateTime(timezone=True)
 
 
-def _in(column: str, words: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(w) for w in words)})"
+def _ck(table: str, name: str, *columns: str) -> CheckConstraint:
+    """Revision 0027: the CHECK ``ck_<table>_<name>`` calls the function
+    ``runledger._ck_<table>_<name>`` of ``columns``, whose body is the constraint's
+    expression (db/sql/01_tables.sql): PostgreSQL compiles a CHECK's expression at every
+    INSERT and UPDATE statement, a PL/pgSQL body once per session. ``create_all`` needs
+    those functions first (tests/migrations/test_tables_match.py makes them)."""
+    return CheckConstraint(f"{SCHEMA}._ck_{table}_{name}({', '.join(columns)})", name=name)
 
 
 settings: Final = Table(
@@ -102,17 +107,14 @@ runs: Final = Table(
     # 0017: the submitter's W3C trace context (submit_run_v2); NULL: none
     Column("traceparent", Text, nullable=True),
     PrimaryKeyConstraint("run_id"),
-    CheckConstraint(f"run_id ~ '{RUN_ID_PATTERN}'", name="run_id"),
-    CheckConstraint(_in("status", RUN_STATUSES), name="status"),
-    CheckConstraint("jsonb_typeof(input) = 'object'", name="input_object"),
-    CheckConstraint("state IS NULL OR jsonb_typeof(state) = 'object'", name="state_object"),
-    CheckConstraint("(lease_id IS NULL) = (lease_expires_at IS NULL)", name="lease_complete"),
-    CheckConstraint("(status = 'running') = (lease_id IS NOT NULL)", name="running_has_lease"),
-    CheckConstraint(
-        "(status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL)",
-        name="finished_at",
-    ),
-    CheckConstraint(f"traceparent ~ '{TRACEPARENT_PATTERN}'", name="traceparent"),
+    _ck("runs", "run_id", "run_id"),
+    _ck("runs", "status", "status"),
+    _ck("runs", "input_object", "input"),
+    _ck("runs", "state_object", "state"),
+    _ck("runs", "lease_complete", "lease_id", "lease_expires_at"),
+    _ck("runs", "running_has_lease", "status", "lease_id"),
+    _ck("runs", "finished_at", "status", "finished_at"),
+    _ck("runs", "traceparent", "traceparent"),
 )
 Index(
     "ix_runs_claimable",
@@ -154,10 +156,10 @@ run_turns: Final = Table(
     Column("output", JSONB, nullable=True),  # 0005: the final decision's output
     PrimaryKeyConstraint("run_id", "turn"),
     ForeignKeyConstraint(["run_id"], [runs.c.run_id], ondelete="CASCADE"),
-    CheckConstraint("turn >= 0", name="turn"),
-    CheckConstraint("jsonb_typeof(calls) = 'array'", name="calls_array"),
-    CheckConstraint("record IS NULL OR jsonb_typeof(record) = 'object'", name="record_object"),
-    CheckConstraint("output IS NULL OR calls = '[]'::jsonb", name="output_final"),
+    _ck("run_turns", "turn", "turn"),
+    _ck("run_turns", "calls_array", "calls"),
+    _ck("run_turns", "record_object", "record"),
+    _ck("run_turns", "output_final", "output", "calls"),
 )
 
 run_calls: Final = Table(
@@ -199,22 +201,13 @@ run_calls: Final = Table(
         name="fk_run_calls_turn_run_turns",
         ondelete="CASCADE",
     ),
-    CheckConstraint(_in("status", CALL_STATUSES), name="status"),
-    CheckConstraint("jsonb_typeof(args) = 'object'", name="args_object"),
-    CheckConstraint("attempts >= 0", name="attempts"),
-    CheckConstraint("idempotency_key = run_id || ':' || turn || ':' || call_id", name="key"),
-    CheckConstraint(_in("approval", APPROVALS), name="approval"),
-    CheckConstraint(
-        "CASE approval WHEN 'pending' THEN status = 'planned' "
-        "WHEN 'denied' THEN status = 'failed' ELSE true END",
-        name="approval_status",
-    ),
-    CheckConstraint(
-        "CASE WHEN approval IN ('approved', 'denied') "
-        "THEN approval_by IS NOT NULL AND approval_at IS NOT NULL "
-        "ELSE approval_by IS NULL AND approval_at IS NULL AND approval_note IS NULL END",
-        name="approval_decided",
-    ),
+    _ck("run_calls", "status", "status"),
+    _ck("run_calls", "args_object", "args"),
+    _ck("run_calls", "attempts", "attempts"),
+    _ck("run_calls", "key", "idempotency_key", "run_id", "turn", "call_id"),
+    _ck("run_calls", "approval", "approval"),
+    _ck("run_calls", "approval_status", "approval", "status"),
+    _ck("run_calls", "approval_decided", "approval", "approval_by", "approval_at", "approval_note"),
 )
 # No index on status (revision 0009): see 01_tables.sql.
 
@@ -233,7 +226,7 @@ run_events: Final = Table(
     # revision 0016: the link of the run's hash chain (NULL before 0016)
     Column("hash", LargeBinary, nullable=True),
     PrimaryKeyConstraint("event_id"),
-    CheckConstraint("hash IS NULL OR octet_length(hash) = 32", name="hash"),
+    _ck("run_events", "hash", "hash"),
 )
 Index("ix_run_events_run_id", run_events.c.run_id, run_events.c.event_id)
 

@@ -3,6 +3,29 @@
 -- ---------------------------------------------------------------------------------
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA runledger FROM PUBLIC;
+-- Revision 0027: the functions the CHECK constraints call, to anyone who may write the
+-- tables (a CHECK's function is executed with the writer's rights). Pure functions of
+-- their arguments, every name in them schema-qualified: nothing to gain by calling them.
+GRANT EXECUTE ON FUNCTION runledger._ck_runs_run_id(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_runs_status(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_runs_input_object(jsonb) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_runs_state_object(jsonb) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_runs_lease_complete(uuid, timestamptz) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_runs_running_has_lease(text, uuid) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_runs_finished_at(text, timestamptz) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_runs_traceparent(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_turns_turn(integer) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_turns_calls_array(jsonb) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_turns_record_object(jsonb) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_turns_output_final(jsonb, jsonb) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_status(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_args_object(jsonb) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_attempts(integer) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_key(text, text, integer, text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval_status(text, text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval_decided(text, text, timestamptz, text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._ck_run_events_hash(bytea) TO PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA runledger FROM PUBLIC;
 
 -- runledger.prune_authorizations is granted to no one: it is written by prune_runs and read
