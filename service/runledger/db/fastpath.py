@@ -203,18 +203,7 @@ class FastPath(OperatorWrites):
             "SELECT * FROM runledger.claim_runs_v3(%s, %s::text[], %s::interval, %s)",
             (worker_id, list(flows), lease, max_runs),
         )
-        return [
-            (
-                claimed_run(r),
-                ClaimedJournal(
-                    stalled_claims=int(r["stalled_claims"]),
-                    turns=r["turns"],
-                    calls=r["calls"],
-                    failover_turn=r["failover_turn"],
-                ),
-            )
-            for r in rows
-        ]
+        return claimed(rows)
 
     async def claim_runs_v4(
         self, worker_id: str, flows: Sequence[str], lease: dt.timedelta, max_runs: int
