@@ -342,16 +342,15 @@ def _idle(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 
 class _Pin:
-    """One connection of ``pool`` lent to a task and the tasks it starts. A statement
+    """One connection of the pool lent to a task and the tasks it starts. A statement
     in flight keeps it lent; once released (and idle) it goes back (through ``warm``),
     and so it does, unpinned, after a connection failure (the pool discards a broken
     one)."""
 
-    __slots__ = ("conn", "pool", "released", "users", "warm")
+    __slots__ = ("conn", "released", "users", "warm")
 
     def __init__(self, warm: _Warm, conn: psycopg.AsyncConnection[Any]) -> None:
         self.warm = warm
-        self.pool = warm.pool
         self.conn: psycopg.AsyncConnection[Any] | None = conn
         self.users = 0
         self.released = False
@@ -414,7 +413,7 @@ class Executor:
     async def _rows(self, sql: LiteralString | wire.Prepared, params: Sequence[Any]) -> list[Row]:
         """Send one statement: the only place that talks to the driver."""
         pin = _PINNED.get()
-        if pin is not None and pin.pool is self.pool and not pin.released:
+        if pin is not None and pin.warm is self._warm and not pin.released:
             conn = pin.conn
             assert conn is not None
             pin.users += 1
