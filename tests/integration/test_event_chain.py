@@ -7,6 +7,7 @@ Each forgery is made as the owner with the guard triggers disabled, as a superus
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import hashlib
@@ -31,7 +32,15 @@ CHAIN = {"event_chain_broken", "checkpoint_head_changed", "checkpoint_chain_brok
 
 async def _finished_run(store: Store, run_id: str, calls: int = 2) -> None:
     await store.submit_run(run_id, "demo", "1", {})
-    (c,) = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    # concurrent: a claim skips the queued runs other claims hold locked at that moment,
+    # and may find none for now; it gets one once those claims have committed
+    claimed = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    for _ in range(100):
+        if claimed:
+            break
+        await asyncio.sleep(0.01)
+        claimed = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    (c,) = claimed
     args = (c.run_id, c.lease_id, c.fencing_token)
     plan = [{"call_id": f"c{i}", "tool": "t", "args": {"i": i}} for i in range(calls)]
     await store.record_turn(*args, 0, plan)
@@ -198,8 +207,6 @@ async def test_a_concurrent_history_stays_verifiable(
 ) -> None:
     """Runs written by several connections at once, checkpoints made meanwhile: every
     chain and checkpoint verifies (each run's events are appended under its row lock)."""
-    import asyncio
-
     stop = threading.Event()
 
     def checkpoints() -> None:
