@@ -24,14 +24,18 @@ def _span(values: Sequence[float], fmt: str) -> str:
 
 
 def summarize(batches: Sequence[Batch], systems: Sequence[str]) -> list[dict[str, Any]]:
-    """One summary per system; ratios pair each rep's throughput with runledger's."""
+    """One summary per system; ratios pair each rep's throughput (and sequential time per
+    call) with runledger's in the same rep."""
     base = {b.rep: b.calls_per_s for b in batches if b.system == "runledger" and
             b.kind == "throughput"}  # fmt: skip
+    base_seq = {b.rep: b.cycle_ms_per_call for b in batches if b.system == "runledger" and
+                b.kind == "sequential"}  # fmt: skip
     out = []
     for name in systems:
         tp = [b for b in batches if b.system == name and b.kind == "throughput"]
         seq = [b for b in batches if b.system == name and b.kind == "sequential"]
         ratios = [b.calls_per_s / base[b.rep] for b in tp if b.rep in base]
+        seq_ratios = [b.cycle_ms_per_call / base_seq[b.rep] for b in seq if b.rep in base_seq]
         out.append(
             {
                 "system": name,
@@ -45,11 +49,22 @@ def summarize(batches: Sequence[Batch], systems: Sequence[str]) -> list[dict[str
                 "postgres_ms_per_call": [b.postgres_ms_per_call for b in tp],
                 "cpu_ms_per_call": [b.worker_ms_per_call + b.postgres_ms_per_call for b in tp],
                 "sequential_ms_per_call": [b.cycle_ms_per_call for b in seq],
+                "sequential_ratio_to_runledger": seq_ratios,
                 "other_cores": [b.other_cores for b in tp],
                 "worker_rss_mb": [b.worker_rss_mb for b in tp],
             }
         )
     return out
+
+
+def _ratio(s: dict[str, Any], key: str) -> str:
+    """A system's same-rep ratios to runledger: the median with x, and [min-max]."""
+    if s["system"] == "runledger":
+        return "1.00x"
+    span = _span(s[key], ".2f")
+    if not s[key]:
+        return span
+    return span.replace(" [", "x [") if "[" in span else span + "x"
 
 
 def render(summary: Sequence[dict[str, Any]]) -> str:
@@ -61,9 +76,10 @@ def render(summary: Sequence[dict[str, Any]]) -> str:
             if s["cpu_ms_per_call"]
             else "-"
         )
-        ratio = "1.00x" if s["system"] == "runledger" else _span(s["ratio_to_runledger"], ".2f")
-        if s["system"] != "runledger" and s["ratio_to_runledger"]:
-            ratio = ratio.replace(" [", "x [") if "[" in ratio else ratio + "x"
+        ratio = _ratio(s, "ratio_to_runledger")
+        seq = _span(s["sequential_ms_per_call"], ".2f")
+        if s["system"] != "runledger" and s["sequential_ratio_to_runledger"]:
+            seq = f"{seq}; {_ratio(s, 'sequential_ratio_to_runledger')}"
         rows.append(
             [
                 s["system"],
@@ -72,7 +88,7 @@ def render(summary: Sequence[dict[str, Any]]) -> str:
                 ratio,
                 f"{_med(s['xact_per_call']):.2f}" if s["xact_per_call"] else "-",
                 cpu,
-                _span(s["sequential_ms_per_call"], ".2f"),
+                seq,
                 f"{_med(s['other_cores']):.2f}" if s["other_cores"] else "-",
                 f"{max(s['worker_rss_mb']):.0f}" if s["worker_rss_mb"] else "-",
             ]
@@ -85,7 +101,7 @@ def render(summary: Sequence[dict[str, Any]]) -> str:
             "vs runledger (same rep)",
             "xact/call",
             "CPU ms/call (worker + PostgreSQL)",
-            "sequential ms/call",
+            "sequential ms/call (vs runledger, same rep)",
             "other jobs cores",
             "worker RSS MB (max)",
         ],
