@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -34,12 +35,11 @@ async def _finished_run(store: Store, run_id: str, calls: int = 2) -> None:
     await store.submit_run(run_id, "demo", "1", {})
     # concurrent: a claim skips the queued runs other claims hold locked at that moment,
     # and may find none for now; it gets one once those claims have committed
-    claimed = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
-    for _ in range(100):
-        if claimed:
-            break
+    deadline = time.monotonic() + 30
+    while not (claimed := await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no queued run could be claimed in 30 s after submitting {run_id}")
         await asyncio.sleep(0.01)
-        claimed = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
     (c,) = claimed
     args = (c.run_id, c.lease_id, c.fencing_token)
     plan = [{"call_id": f"c{i}", "tool": "t", "args": {"i": i}} for i in range(calls)]

@@ -147,7 +147,7 @@ class Claiming:
             return
         await self._take(runs, request.sent, request.generation, after=finishing.task)
 
-    def claim_done(self, request: NextClaim) -> None:
+    def claim_done(self) -> None:
         """The claim sent with a final decision is back (or failed): the claimer may claim."""
         self._claiming = False
         self.wake.set()

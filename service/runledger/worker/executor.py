@@ -355,7 +355,7 @@ class Executor:
             )
             await self.claims.claimed(request, runs, active)
         finally:
-            self.claims.claim_done(request)
+            self.claims.claim_done()
         return version, ()
 
     async def _settle_turn(
