@@ -11,7 +11,6 @@ from typing import Any
 
 from runledger.flows import Flow, ToolCall
 from runledger.worker.claiming import NextClaim
-from runledger.worker.runs import ActiveRun
 from tests.integration.conftest import Db, StartWorker, eventually
 
 
@@ -64,9 +63,27 @@ async def test_runs_claimed_with_a_final_decision_as_the_worker_stops_are_handed
 ) -> None:
     """The worker's drain waits for the runs it had when it began to stop: runs claimed
     by a final decision whose answer comes back after that are released at once."""
-    running = await start_worker(_flow(), concurrency=1)
+    # a run in hand whose tool waits for the test: the drain waits for it, so the
+    # worker's store stays open while the claim below is out (the claimer polls every
+    # 50 ms; with no run in hand the stop would close the store under a slow claim)
+    entered, gate = asyncio.Event(), asyncio.Event()
+    held = Flow("relay", "1")
+
+    @held.tool(safety="idempotent")
+    async def step(ctx: Any) -> dict[str, Any]:
+        entered.set()
+        await gate.wait()
+        return {"ok": True}
+
+    @held.policy
+    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return [] if history else [ToolCall("step", {})]
+
+    await db.submit("held", held)
+    running = await start_worker(held, concurrency=1, grace_seconds=60.0)
     worker = running.worker
     assert worker.store is not None
+    await asyncio.wait_for(entered.wait(), timeout=30)
     other = Flow("elsewhere", "1")  # runs its own claimer leaves alone
     await db.submit("late-1", other)
     await db.submit("late-2", other)
@@ -79,12 +96,12 @@ async def test_runs_claimed_with_a_final_decision_as_the_worker_stops_are_handed
         sent=time.monotonic(),
         generation=worker._generation,
     )
-    worker.stopping.set()
+    running.request_stop()
     runs = await worker.store.claim_runs_v4(
         request.worker_id, list(request.flows), request.lease, request.max_runs
     )
     assert sorted(r.run_id for r, _ in runs) == ["late-1", "late-2"]
-    finishing = ActiveRun(claim=runs[0][0], deadline=time.monotonic() + 30)
+    finishing = worker.active["held"]
     await worker.claimed(request, runs, finishing)
     for run_id in ("late-1", "late-2"):
         run = await db.run(run_id)
@@ -94,6 +111,8 @@ async def test_runs_claimed_with_a_final_decision_as_the_worker_stops_are_handed
         "SELECT kind FROM runledger.run_events WHERE run_id = 'late-1' ORDER BY event_id"
     )
     assert [k["kind"] for k in kinds][-2:] == ["claimed", "lease_released"]
-    running.request_stop()
+    assert not running.task.done()  # the run in hand kept the worker up throughout
+    gate.set()
     await eventually(lambda: running.task.done(), what="the worker stopped")
-    await asyncio.sleep(0)
+    # the run in hand was draining: its call's result was journaled, then it was handed back
+    assert (await db.run("held"))["status"] == "queued"
