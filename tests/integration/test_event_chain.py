@@ -14,7 +14,6 @@ import hashlib
 import json
 import re
 import threading
-import time
 from typing import Any
 
 import psycopg
@@ -26,6 +25,7 @@ from runledger.audit import Anchor, audit
 from runledger.cli import main
 from runledger.db.store import Store
 from tests.contract.helpers import chain_links, wait_until, waiting_on_a_lock
+from tests.integration.conftest import eventually
 
 Conn = psycopg.Connection[Any]
 CHAIN = {"event_chain_broken", "checkpoint_head_changed", "checkpoint_chain_broken"}
@@ -35,12 +35,12 @@ async def _finished_run(store: Store, run_id: str, calls: int = 2) -> None:
     await store.submit_run(run_id, "demo", "1", {})
     # concurrent: a claim skips the queued runs other claims hold locked at that moment,
     # and may find none for now; it gets one once those claims have committed
-    deadline = time.monotonic() + 30
-    while not (claimed := await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)):
-        if time.monotonic() > deadline:
-            pytest.fail(f"no queued run could be claimed in 30 s after submitting {run_id}")
-        await asyncio.sleep(0.01)
-    (c,) = claimed
+    (c,) = await eventually(
+        lambda: store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1),
+        timeout=30,
+        interval=0.01,
+        what=f"a queued run to claim after submitting {run_id}",
+    )
     args = (c.run_id, c.lease_id, c.fencing_token)
     plan = [{"call_id": f"c{i}", "tool": "t", "args": {"i": i}} for i in range(calls)]
     await store.record_turn(*args, 0, plan)

@@ -14,11 +14,16 @@ from runledger.worker.claiming import NextClaim
 from tests.integration.conftest import Db, StartWorker, eventually
 
 
-def _flow() -> Flow:
+def _flow(gate: asyncio.Event | None = None, entered: asyncio.Event | None = None) -> Flow:
+    """One call, then the end. With ``gate``, the tool sets ``entered`` and waits for it."""
     flow = Flow("relay", "1")
 
     @flow.tool(safety="idempotent")
     async def step(ctx: Any) -> dict[str, Any]:
+        if gate is not None:
+            assert entered is not None
+            entered.set()
+            await gate.wait()
         return {"ok": True}
 
     @flow.policy
@@ -67,23 +72,12 @@ async def test_runs_claimed_with_a_final_decision_as_the_worker_stops_are_handed
     # worker's store stays open while the claim below is out (the claimer polls every
     # 50 ms; with no run in hand the stop would close the store under a slow claim)
     entered, gate = asyncio.Event(), asyncio.Event()
-    held = Flow("relay", "1")
-
-    @held.tool(safety="idempotent")
-    async def step(ctx: Any) -> dict[str, Any]:
-        entered.set()
-        await gate.wait()
-        return {"ok": True}
-
-    @held.policy
-    async def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
-        return [] if history else [ToolCall("step", {})]
-
+    held = _flow(gate, entered)
     await db.submit("held", held)
     running = await start_worker(held, concurrency=1, grace_seconds=60.0)
     worker = running.worker
     assert worker.store is not None
-    await asyncio.wait_for(entered.wait(), timeout=30)
+    await eventually(entered.is_set, what="the held run's tool to start")
     other = Flow("elsewhere", "1")  # runs its own claimer leaves alone
     await db.submit("late-1", other)
     await db.submit("late-2", other)
@@ -116,3 +110,5 @@ async def test_runs_claimed_with_a_final_decision_as_the_worker_stops_are_handed
     await eventually(lambda: running.task.done(), what="the worker stopped")
     # the run in hand was draining: its call's result was journaled, then it was handed back
     assert (await db.run("held"))["status"] == "queued"
+    calls = await db.rows("SELECT status FROM runledger.run_calls WHERE run_id = 'held'")
+    assert [c["status"] for c in calls] == ["succeeded"]
