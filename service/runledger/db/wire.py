@@ -127,14 +127,16 @@ def _error(conn: psycopg.AsyncConnection[Any], result: pq.abc.PGresult) -> e.Err
 async def _wait(pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
     """Flush what was sent, wait for the reply, drain it: the last result (a single
     statement has one). A broken connection raises ``psycopg.OperationalError`` from
-    libpq's calls, as through a cursor."""
+    libpq's calls, as through a cursor. The socket is read only once it is readable:
+    ``is_busy`` parses what was read already, so a reply that came in one packet with
+    its end (the usual case) costs one read, not a read before and after it that find
+    nothing."""
     loop = asyncio.get_running_loop()
     fd = pgconn.socket
     while pgconn.flush():  # 1: the socket's buffer is full, wait until it drains
         await _ready(loop, fd, write=True)
     last = None
     while True:
-        pgconn.consume_input()
         while pgconn.is_busy():
             await _ready(loop, fd, write=False)
             pgconn.consume_input()
