@@ -563,6 +563,10 @@ UNPINNED = {
     "runledger._event_hash(bytea,bigint,text,timestamp with time zone,text,text,bigint,bigint,"
     "jsonb)",  # revision 0016
     "runledger._checkpoint_digest(bytea,bigint,bigint,text)",  # revision 0016
+    # revision 0028: the events of one write in one INSERT
+    "runledger._events(text,text,bigint,timestamp with time zone,text[],bigint[],jsonb[])",
+    "runledger._event_rows(bytea,text,text,bigint,timestamp with time zone,text[],bigint[],"
+    "jsonb[])",
     # revision 0027: the functions the CHECK constraints call, executable by PUBLIC (a
     # CHECK's function runs with the writer's rights); pure, every name schema-qualified
     "runledger._ck_runs_run_id(text)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from runledger.db import schema
+from tests.unit.sql_source import batched_event_kinds
 
 CALL = re.compile(r"(?<!FUNCTION )runledger\._event\((?!\.\.\.)")
 LITERAL_KIND = re.compile(r"runledger\._event\(\s*[\w.]+,\s*'([a-z_]+)',")
@@ -34,11 +35,18 @@ def test_every_event_is_written_by_event_with_a_literal_kind() -> None:
     assert len(literal) >= 20
     kinds = set(literal.values())
     assert {"claimed", "takeover", "renewal_failed", "run_paused", "call_unknown"} <= kinds
-    # _event itself is the only INSERT INTO run_events.
+    # _event and _events (revision 0028: the events of one write in one INSERT) are the
+    # only INSERTs INTO run_events, and every kind _events writes is a literal too
     inserts = re.findall(r"INSERT INTO runledger\.run_events", text)
-    assert len(inserts) == 1
-    definition = text[text.index("CREATE FUNCTION runledger._event(") :]
-    assert definition.index("INSERT INTO runledger.run_events") < definition.index("$$;")
+    assert len(inserts) == 2
+    for name in ("_event(", "_events("):
+        definition = text[text.index(f"CREATE FUNCTION runledger.{name}") :]
+        assert definition.index("INSERT INTO runledger.run_events") < definition.index("$$;")
+    batched = batched_event_kinds(text)
+    assert len(batched) >= 2
+    for kinds_arg, batch_kinds in batched:
+        assert batch_kinds, f"_events kinds not written as literals: {kinds_arg}"
+        assert not re.search(r"\|\|\s*p_\w+|p_\w+\s*\|\|", kinds_arg), kinds_arg
 
 
 def test_lease_history_lists_only_kinds_that_are_written() -> None:
@@ -46,6 +54,7 @@ def test_lease_history_lists_only_kinds_that_are_written() -> None:
     view = text[text.index("CREATE VIEW runledger.lease_history") :]
     listed = re.findall(r"'([a-z_]+)'", view[view.index("e.kind IN") : view.index(");")])
     written = set(LITERAL_KIND.findall(text))
+    written |= {k for _, kinds in batched_event_kinds(text) for k in kinds}
     assert listed and set(listed) <= written, set(listed) - written
 
 
@@ -53,8 +62,9 @@ def test_no_bare_boolean_json_check_is_left() -> None:
     text = _text()
     assert "_check_json(" not in text
     assert "pg_notify('runledger_runs'" in text
-    # two senders: runledger._notify_queued (runs) and runledger._event (events, 0015)
-    assert text.count("pg_notify('runledger_events'") == 1
-    assert text.count("pg_notify(") == 2, "notify through _notify_queued and _event only"
+    # the senders: runledger._notify_queued (runs), runledger._event (events, 0015) and
+    # runledger._events (the events of one write, 0028)
+    assert text.count("pg_notify('runledger_events'") == 2
+    assert text.count("pg_notify(") == 3, "notify through _notify_queued, _event, _events only"
     for check in ("_check_worker_id", "_check_lease", "_check_flow"):
         assert text.count(f"runledger.{check}(") >= 2, f"{check} defined but never used"

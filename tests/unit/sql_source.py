@@ -83,3 +83,37 @@ def word_arrays(what: str) -> list[str]:
 def raised_sqlstates() -> set[str]:
     """Every SQLSTATE of class RL that the SQL raises."""
     return set(re.findall(r"_raise\('(RL\d{3})'", sql_text()))
+
+
+def call_args(text: str, open_paren: int) -> list[str]:
+    """The top-level arguments of the call whose ``(`` is at ``open_paren``: commas inside
+    parentheses, brackets and string literals do not split."""
+    args: list[str] = []
+    depth, start, i = 0, open_paren + 1, open_paren
+    while True:
+        ch = text[i]
+        if ch == "'":
+            i = text.index("'", i + 1)  # SQL's '' escape is two literals side by side
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+            if depth == 0:
+                args.append(text[start:i].strip())
+                return args
+        elif ch == "," and depth == 1:
+            args.append(text[start:i].strip())
+            start = i + 1
+        i += 1
+
+
+def batched_event_kinds(text: str) -> list[tuple[str, list[str]]]:
+    """Each ``runledger._events(...)`` call (revision 0028: the events of one write in one
+    INSERT) with the quoted kinds of its kinds argument (the fifth), in call order."""
+    found = []
+    for m in re.finditer(r"(?<!FUNCTION )runledger\._events\(", text):
+        kinds_arg = call_args(text, m.end() - 1)[4]
+        # the literals of its ARRAY[...] and array_fill('...', ...) parts (not a condition's)
+        parts = re.findall(r"ARRAY\[([^\]]*)\]|array_fill\(('[a-z_]+')", kinds_arg)
+        found.append((kinds_arg, re.findall(r"'([a-z_]+)'", " ".join(a + b for a, b in parts))))
+    return found

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from runledger import errors
-from tests.unit.sql_source import check_words
+from tests.unit.sql_source import batched_event_kinds, check_words
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVING = ROOT / "service" / "runledger" / "db" / "sql"
@@ -212,6 +212,8 @@ def event_kinds(body: str) -> set[str]:
     )
     for m in re.finditer(insert, body, re.S | re.I):
         kinds |= set(re.findall(r"'([a-z_]+)'", m.group(1)))
+    for _, batch in batched_event_kinds(body):  # revision 0028: _events(..., ARRAY[kinds])
+        kinds |= set(batch)
     return kinds
 
 

@@ -155,13 +155,21 @@ DECLARE
     v_depth integer;
     v_size integer;
     v_text text;
+    v_open integer;
 BEGIN
     IF p_value IS NULL THEN
         RETURN;
     END IF;
-    SELECT s.max_payload_bytes, s.max_json_depth INTO v_cap, v_depth FROM runledger.settings s;
     v_text := p_value::text;
     v_size := octet_length(v_text);
+    v_open := v_size - octet_length(translate(v_text, '{[', ''));
+    -- Revision 0028: a value that no setting allowed by the settings' CHECKs can refuse
+    -- (under 1024 bytes, the least max_payload_bytes; at most 1 + p_wrap opening brackets,
+    -- the least depth: max_json_depth >= 1) needs no read of the settings.
+    IF v_size < 1024 AND v_open <= 1 + p_wrap THEN
+        RETURN;
+    END IF;
+    SELECT s.max_payload_bytes, s.max_json_depth INTO v_cap, v_depth FROM runledger.settings s;
     IF v_size > coalesce(v_cap, 1048576) THEN
         PERFORM runledger._raise('RL006',
             format('%s is %s bytes, over the cap of %s bytes', p_what, v_size, v_cap),
@@ -174,8 +182,7 @@ BEGIN
     -- can a text with at most v_depth opening brackets ('{' and '[', in strings too: one
     -- for each object and array and maybe more), which the walk would cost far more to
     -- find.
-    IF v_size >= 2 * (v_depth + 1)
-       AND v_size - octet_length(translate(v_text, '{[', '')) > v_depth THEN
+    IF v_size >= 2 * (v_depth + 1) AND v_open > v_depth THEN
         PERFORM runledger._check_json_depth(p_what, p_value, v_depth);
     END IF;
 END
@@ -364,6 +371,86 @@ BEGIN
                       'turn_recorded', 'checkpoint', 'claimed') THEN
         PERFORM pg_notify('runledger_events', v_id || ' ' || p_run_id || ' ' || p_kind);
     END IF;
+END
+$$;
+
+-- Revision 0028: the events of one write in one INSERT. _event appends one event per
+-- statement: a SELECT of the run's last hash, then an INSERT with its own statement set-up
+-- (the table's CHECK, its two indexes). The writes that append two or more events of a run
+-- together (complete_call_v2 with the next call's dispatch, record_turn_v4: the checkpoint,
+-- the decision, its dispatched calls, the run's end) read the last hash once and insert
+-- every row in one statement, each row chained to the one before it, in the order given:
+-- the same rows, ids in the same order, the same hashes as _event called once per kind.
+-- p_kinds, p_state_versions and p_details are parallel arrays (a NULL detail is '{}').
+-- The ids are drawn inside the INSERT, after its table lock, by _event_rows (the rows'
+-- ids and links, computed one after another as the INSERT reads them), as _event draws
+-- its id: runledger.checkpoint_events never misses one. The rules of _event hold: the run's
+-- row lock is held by the caller; the chain is extended in READ COMMITTED only (a first
+-- event of a run under another level only alone, as with _event: the second would find
+-- the first); the kinds an operator sees are sent on runledger_events, in id order.
+CREATE FUNCTION runledger._event_rows(p_previous bytea, p_run_id text, p_actor text,
+                                      p_fencing_token bigint, p_at timestamptz,
+                                      p_kinds text[], p_state_versions bigint[],
+                                      p_details jsonb[], OUT event_id bigint, OUT kind text,
+                                      OUT state_version bigint, OUT detail jsonb,
+                                      OUT hash bytea)
+RETURNS SETOF record
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    hash := p_previous;
+    FOR i IN 1 .. coalesce(cardinality(p_kinds), 0) LOOP
+        event_id := pg_catalog.nextval('runledger.run_events_event_id_seq'::regclass);
+        kind := p_kinds[i];
+        state_version := p_state_versions[i];
+        detail := coalesce(p_details[i], '{}'::jsonb);
+        hash := runledger._event_hash(hash, event_id, p_run_id, p_at, kind, p_actor,
+                                      p_fencing_token, state_version, detail);
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION runledger._events(p_run_id text, p_actor text, p_fencing_token bigint,
+                                  p_at timestamptz, p_kinds text[],
+                                  p_state_versions bigint[], p_details jsonb[])
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_previous bytea;
+    v_payloads text[];
+BEGIN
+    SELECT e.hash INTO v_previous FROM runledger.run_events e
+    WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
+    -- as _event (revision 0023), for each event after the first
+    IF (FOUND OR cardinality(p_kinds) > 1)
+       AND pg_catalog.current_setting('transaction_isolation')
+           IN ('repeatable read', 'serializable') THEN
+        PERFORM runledger._raise('RL006',
+            format('events of run %s are written in READ COMMITTED transactions only, not %s',
+                   p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
+            'a transaction with one snapshot does not see the events committed since it'
+            || ' began, and the run''s hash chain would fork',
+            'call the contract functions in autocommit or in a READ COMMITTED transaction,'
+            || ' with default_transaction_isolation read committed');
+    END IF;
+    WITH ins AS (
+        INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
+                                          state_version, detail, hash)
+        SELECT r.event_id, p_run_id, p_at, r.kind, p_actor, p_fencing_token,
+               r.state_version, r.detail, r.hash
+        FROM runledger._event_rows(v_previous, p_run_id, p_actor, p_fencing_token, p_at,
+                                   p_kinds, p_state_versions, p_details) AS r
+        RETURNING run_events.event_id, run_events.kind)
+    SELECT array_agg(ins.event_id || ' ' || p_run_id || ' ' || ins.kind ORDER BY ins.event_id)
+           FILTER (WHERE ins.kind NOT IN ('call_dispatched', 'call_succeeded', 'call_failed',
+                                          'call_not_applied', 'turn_recorded', 'checkpoint',
+                                          'claimed'))
+    INTO v_payloads FROM ins;
+    FOR i IN 1 .. coalesce(cardinality(v_payloads), 0) LOOP
+        PERFORM pg_notify('runledger_events', v_payloads[i]);
+    END LOOP;
 END
 $$;
 

@@ -304,6 +304,8 @@ DECLARE
     v_id text;
     v_fast boolean;
     v_dispatched jsonb[];
+    v_sent integer;
+    v_events integer;
 BEGIN
     -- the clock the lease check read after the lock (revision 0021, as complete_call_v2)
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
@@ -548,21 +550,21 @@ BEGIN
         updated_at = v_now
     WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token
       AND state_version = r.state_version;
-    IF p_state IS NOT NULL THEN
-        PERFORM runledger._event(p_run_id, 'checkpoint', r.lease_owner, p_fencing_token,
-                                 v_version, '{}'::jsonb, v_now);
-    END IF;
-    PERFORM runledger._event(p_run_id, 'turn_recorded', r.lease_owner, p_fencing_token,
-        v_version, jsonb_build_object('turn', p_turn, 'calls', v_count), v_now);
-    -- the calls dispatched above, in p_dispatch's order, as _dispatch writes their events
-    FOR i IN 1 .. coalesce(cardinality(v_dispatched), 0) LOOP
-        PERFORM runledger._event(p_run_id, 'call_dispatched', r.lease_owner, p_fencing_token,
-                                 v_version, v_dispatched[i], v_now);
-    END LOOP;
-    IF p_finish THEN
-        PERFORM runledger._event(p_run_id, 'run_succeeded', r.lease_owner, p_fencing_token,
-                                 v_version, '{}'::jsonb, v_now);
-    END IF;
+    -- the checkpoint, the decision, the calls dispatched above (in p_dispatch's order, as
+    -- _dispatch writes their events) and the run's end; revision 0028: in one INSERT
+    -- (runledger._events), in that order
+    v_sent := coalesce(cardinality(v_dispatched), 0);
+    v_events := CASE WHEN p_state IS NOT NULL THEN 1 ELSE 0 END + 1 + v_sent
+                + CASE WHEN p_finish THEN 1 ELSE 0 END;
+    PERFORM runledger._events(p_run_id, r.lease_owner, p_fencing_token, v_now,
+        CASE WHEN p_state IS NOT NULL THEN ARRAY['checkpoint'] ELSE '{}'::text[] END
+        || ARRAY['turn_recorded'] || array_fill('call_dispatched'::text, ARRAY[v_sent])
+        || CASE WHEN p_finish THEN ARRAY['run_succeeded'] ELSE '{}'::text[] END,
+        array_fill(v_version, ARRAY[v_events]),
+        CASE WHEN p_state IS NOT NULL THEN ARRAY['{}'::jsonb] ELSE '{}'::jsonb[] END
+        || jsonb_build_object('turn', p_turn, 'calls', v_count)
+        || coalesce(v_dispatched, '{}'::jsonb[])
+        || CASE WHEN p_finish THEN ARRAY['{}'::jsonb] ELSE '{}'::jsonb[] END);
     state_version := v_version;
     IF v_fast THEN
         attempts := array_fill(1, ARRAY[cardinality(p_dispatch)]);
@@ -866,21 +868,18 @@ BEGIN
             UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
             WHERE run_id = p_run_id AND lease_id = p_lease_id;
         END IF;
-        -- the call's event, then the next call's call_dispatched, as below
+        -- the call's event, then the next call's call_dispatched, as below; revision 0028:
+        -- both in one INSERT (runledger._events)
         v_detail := jsonb_build_object('idempotency_key', p_idempotency_key,
                                        'tool', v_next.tool, 'attempt', v_next.attempts);
-        IF p_outcome = 'succeeded' THEN
-            PERFORM runledger._event(p_run_id, 'call_succeeded', r.lease_owner, p_fencing_token,
-                                     r.state_version, v_detail, v_now);
-        ELSE
-            PERFORM runledger._event(p_run_id, 'call_failed', r.lease_owner, p_fencing_token,
-                                     r.state_version, v_detail, v_now);
-        END IF;
-        PERFORM runledger._event(p_run_id, 'call_dispatched', r.lease_owner, p_fencing_token,
-            r.state_version, jsonb_build_object('idempotency_key', p_next_key,
-                                                'tool', v_next.next_tool,
-                                                'attempt', v_next.next_attempt,
-                                                'previous_status', v_previous), v_now);
+        PERFORM runledger._events(p_run_id, r.lease_owner, p_fencing_token, v_now,
+            CASE WHEN p_outcome = 'succeeded' THEN ARRAY['call_succeeded', 'call_dispatched']
+                 ELSE ARRAY['call_failed', 'call_dispatched'] END,
+            ARRAY[r.state_version, r.state_version],
+            ARRAY[v_detail, jsonb_build_object('idempotency_key', p_next_key,
+                                               'tool', v_next.next_tool,
+                                               'attempt', v_next.next_attempt,
+                                               'previous_status', v_previous)]);
         RETURN v_next.next_attempt;
     END IF;
     IF p_next_key IS NULL THEN
