@@ -398,10 +398,13 @@ OPERATOR_FUNCTIONS = {
 
 def may_execute(role: str, name: str) -> bool:
     """The grants of 08_roles.sql; helpers and trigger functions belong to the owner only,
-    but for the functions the CHECK constraints call (every writer needs them)."""
+    but for the functions the CHECK constraints and the guard triggers' WHEN clauses call
+    (every writer needs them)."""
     if role == OWNER:
         return True
     if name.startswith("_ck_"):  # revision 0027: what the CHECKs call, PUBLIC's (pure)
+        return True
+    if name.startswith("_tw_"):  # revision 0029: what the guard triggers' WHEN calls, as well
         return True
     if role == AUDITOR:
         return name == "now"  # revision 0012: the clock, and no other function

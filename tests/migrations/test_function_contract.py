@@ -589,6 +589,10 @@ UNPINNED = {
     "runledger._ck_run_calls_approval_status(text,text)",
     "runledger._ck_run_calls_approval_decided(text,text,timestamp with time zone,text)",
     "runledger._ck_run_events_hash(bytea)",
+    # revision 0029: the functions the guard triggers' WHEN clauses call, the same way
+    "runledger._tw_runs_guard(bigint,bigint,bigint,bigint)",
+    "runledger._tw_runs_guard_columns(runledger.runs,runledger.runs)",
+    "runledger._tw_run_calls_guard(text,integer,integer,text,text)",
 }
 
 
@@ -616,6 +620,9 @@ def test_every_function_is_pinned_or_a_helper_only_pinned_code_reaches(
     assert [f for f, r in loose.items() if r["prosecdef"] or r["is_trigger"]] == []
     checks = {f for f in loose if f.startswith("runledger._ck_")}  # revision 0027
     assert len(checks) == 20
+    conditions = {f for f in loose if f.startswith("runledger._tw_")}  # revision 0029
+    assert len(conditions) == 3
+    checks |= conditions
     granted = {f: r["grantees"] for f, r in loose.items() if r["grantees"] and f not in checks}
     assert granted == {"runledger.now()": [AUDITOR, OPERATOR, WORKER]}  # auditor: 0012
     assert {r["fn"] for r in rows if r["public_exec"]} == checks

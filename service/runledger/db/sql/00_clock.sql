@@ -15,8 +15,9 @@
 --   02_helpers.sql   internal helpers, granted to no one: _raise; _cap (every cap on a text
 --                    or array argument); checks (_check_run_id, _check_text,
 --                    _check_worker_id, _check_lease, _check_flow, _check_json_depth,
---                    _check_json_*, _check_word, _parse_flows); _event (every event row),
---                    _event_hash and _checkpoint_digest (the event chains, 0016);
+--                    _check_json_*, _check_word, _parse_flows); _event (an event row),
+--                    _events and _event_rows (the events of one write in one INSERT,
+--                    0028), _event_hash and _checkpoint_digest (the event chains, 0016);
 --                    _notify_queued; locks (_lock_run, _lock_leased_run,
 --                    _lock_leased_run_at (0019), _lock_call); _dispatch, _dispatch_each;
 --                    timelines (_timeline, _token_floor)
@@ -32,7 +33,8 @@
 --   05_operator.sql  resolve_call; approve_call, deny_call (human approval); cancel_run,
 --                    retry_run, prune_runs (retention); their helpers _requeue_if_settled
 --                    and _lock_awaiting_call; checkpoint_events and checkpoint 0 (0016)
---   06_wall.sql      the second wall: guard trigger functions and their triggers, and
+--   06_wall.sql      the second wall: guard trigger functions, their triggers and the
+--                    functions their WHEN clauses call (_tw_*, 0029), and
 --                    the pruning authorization (_prune_authorized) that prune_runs grants itself
 --   07_views.sql     audit views: run_timeline, effect_ledger, lease_history
 --   08_roles.sql     REVOKE from PUBLIC; roles runledger_worker, _operator, _auditor and

@@ -50,6 +50,49 @@ CREATE TRIGGER tg_prune_authorizations_guard BEFORE INSERT OR UPDATE
     FOR EACH ROW EXECUTE FUNCTION runledger._guard_prune_authorizations();
 ALTER TABLE runledger.prune_authorizations ENABLE ALWAYS TRIGGER tg_prune_authorizations_guard;
 
+-- Revision 0029: the WHEN of each guard trigger that the contract functions' UPDATEs fire
+-- (tg_runs_guard, tg_runs_guard_columns, tg_run_calls_guard) calls a PL/pgSQL function of
+-- the values it reads, whose body is the condition as before, as the CHECKs do since 0027:
+-- PostgreSQL reads and prepares a trigger's WHEN again in every statement that fires it,
+-- and a function call is a small node to read, its body compiled once per session. The
+-- same rows fire the guard, so the same refusals. A WHEN runs with the writer's rights and
+-- search path, so these are executable by PUBLIC (a role granted UPDATE on a table meets
+-- the guard's RL007, not a permission error), pure functions of their arguments, and every
+-- operator in them is schema-qualified.
+CREATE FUNCTION runledger._tw_runs_guard(old_token bigint, new_token bigint,
+                                         old_version bigint, new_version bigint)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$ BEGIN
+    RETURN new_token OPERATOR(pg_catalog.<) old_token
+           OR new_version OPERATOR(pg_catalog.<) old_version
+           OR new_version OPERATOR(pg_catalog.>) (old_version OPERATOR(pg_catalog.+) 1);
+END $$;
+
+-- state IS DISTINCT FROM, spelled with pg_catalog's = (IS DISTINCT FROM would look = up
+-- in the writer's path)
+CREATE FUNCTION runledger._tw_runs_guard_columns(o runledger.runs, n runledger.runs)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$ BEGIN
+    RETURN n.run_id OPERATOR(pg_catalog.<>) o.run_id
+           OR (n.state_version OPERATOR(pg_catalog.<>) (o.state_version OPERATOR(pg_catalog.+) 1)
+               AND CASE WHEN n.state IS NULL OR o.state IS NULL
+                        THEN (n.state IS NULL) OPERATOR(pg_catalog.<>) (o.state IS NULL)
+                        ELSE NOT (n.state OPERATOR(pg_catalog.=) o.state) END)
+           OR n.flow OPERATOR(pg_catalog.<>) o.flow
+           OR n.flow_version OPERATOR(pg_catalog.<>) o.flow_version
+           OR n.input OPERATOR(pg_catalog.<>) o.input;
+END $$;
+
+CREATE FUNCTION runledger._tw_run_calls_guard(old_status text, old_attempts integer,
+                                              new_attempts integer, old_approval text,
+                                              new_approval text)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$ BEGIN
+    RETURN old_status OPERATOR(pg_catalog.=) 'succeeded'
+           OR new_attempts OPERATOR(pg_catalog.<) old_attempts
+           OR old_approval IS NOT NULL OR new_approval IS NOT NULL;
+END $$;
+
 CREATE FUNCTION runledger._guard_runs() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
@@ -110,18 +153,14 @@ $$;
 -- changes NEW).
 CREATE TRIGGER tg_runs_guard BEFORE UPDATE ON runledger.runs
     FOR EACH ROW
-    WHEN (NEW.fencing_token < OLD.fencing_token
-          OR NEW.state_version < OLD.state_version
-          OR NEW.state_version > OLD.state_version + 1)
+    WHEN (runledger._tw_runs_guard(OLD.fencing_token, NEW.fencing_token, OLD.state_version,
+                                   NEW.state_version))
     EXECUTE FUNCTION runledger._guard_runs();
 ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard;
 CREATE TRIGGER tg_runs_guard_columns
     BEFORE UPDATE OF run_id, state, flow, flow_version, input ON runledger.runs
     FOR EACH ROW
-    WHEN (NEW.run_id <> OLD.run_id
-          OR (NEW.state_version <> OLD.state_version + 1 AND NEW.state IS DISTINCT FROM OLD.state)
-          OR NEW.flow <> OLD.flow OR NEW.flow_version <> OLD.flow_version
-          OR NEW.input <> OLD.input)
+    WHEN (runledger._tw_runs_guard_columns(OLD, NEW))
     EXECUTE FUNCTION runledger._guard_runs();
 ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard_columns;
 CREATE TRIGGER tg_runs_guard_delete BEFORE DELETE ON runledger.runs
@@ -188,8 +227,8 @@ $$;
 -- function sets, are watched by tg_run_calls_guard_columns.
 CREATE TRIGGER tg_run_calls_guard BEFORE UPDATE ON runledger.run_calls
     FOR EACH ROW
-    WHEN (OLD.status = 'succeeded' OR NEW.attempts < OLD.attempts
-          OR OLD.approval IS NOT NULL OR NEW.approval IS NOT NULL)
+    WHEN (runledger._tw_run_calls_guard(OLD.status, OLD.attempts, NEW.attempts, OLD.approval,
+                                        NEW.approval))
     EXECUTE FUNCTION runledger._guard_run_calls();
 ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard;
 CREATE TRIGGER tg_run_calls_guard_columns

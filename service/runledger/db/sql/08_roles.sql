@@ -26,6 +26,10 @@ GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval_status(text, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval_decided(text, text, timestamptz, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._ck_run_events_hash(bytea) TO PUBLIC;
+-- revision 0029: what the guard triggers' WHEN clauses call
+GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard(bigint, bigint, bigint, bigint) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard_columns(runledger.runs, runledger.runs) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._tw_run_calls_guard(text, integer, integer, text, text) TO PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA runledger FROM PUBLIC;
 
 -- runledger.prune_authorizations is granted to no one: it is written by prune_runs and read
