@@ -37,9 +37,16 @@ RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_at timestamptz := coalesce(p_at, runledger.now());
     v_previous bytea;
     v_payloads text[];
 BEGIN
+    IF cardinality(p_state_versions) IS DISTINCT FROM cardinality(p_kinds)
+       OR cardinality(p_details) IS DISTINCT FROM cardinality(p_kinds) THEN
+        RAISE EXCEPTION 'runledger._events: % kinds, % state versions, % details',
+            cardinality(p_kinds), cardinality(p_state_versions), cardinality(p_details)
+            USING ERRCODE = 'XX000';
+    END IF;
     SELECT e.hash INTO v_previous FROM runledger.run_events e
     WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
     -- as _event (revision 0023), for each event after the first
@@ -57,9 +64,9 @@ BEGIN
     WITH ins AS (
         INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
                                           state_version, detail, hash)
-        SELECT r.event_id, p_run_id, p_at, r.kind, p_actor, p_fencing_token,
+        SELECT r.event_id, p_run_id, v_at, r.kind, p_actor, p_fencing_token,
                r.state_version, r.detail, r.hash
-        FROM runledger._event_rows(v_previous, p_run_id, p_actor, p_fencing_token, p_at,
+        FROM runledger._event_rows(v_previous, p_run_id, p_actor, p_fencing_token, v_at,
                                    p_kinds, p_state_versions, p_details) AS r
         RETURNING run_events.event_id, run_events.kind)
     SELECT array_agg(ins.event_id || ' ' || p_run_id || ' ' || ins.kind ORDER BY ins.event_id)
@@ -348,8 +355,7 @@ DECLARE
     v_id text;
     v_fast boolean;
     v_dispatched jsonb[];
-    v_sent integer;
-    v_events integer;
+    v_kinds text[];
 BEGIN
     -- the clock the lease check read after the lock (revision 0021, as complete_call_v2)
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
@@ -597,14 +603,13 @@ BEGIN
     -- the checkpoint, the decision, the calls dispatched above (in p_dispatch's order, as
     -- _dispatch writes their events) and the run's end; revision 0028: in one INSERT
     -- (runledger._events), in that order
-    v_sent := coalesce(cardinality(v_dispatched), 0);
-    v_events := CASE WHEN p_state IS NOT NULL THEN 1 ELSE 0 END + 1 + v_sent
-                + CASE WHEN p_finish THEN 1 ELSE 0 END;
-    PERFORM runledger._events(p_run_id, r.lease_owner, p_fencing_token, v_now,
-        CASE WHEN p_state IS NOT NULL THEN ARRAY['checkpoint'] ELSE '{}'::text[] END
-        || ARRAY['turn_recorded'] || array_fill('call_dispatched'::text, ARRAY[v_sent])
-        || CASE WHEN p_finish THEN ARRAY['run_succeeded'] ELSE '{}'::text[] END,
-        array_fill(v_version, ARRAY[v_events]),
+    v_kinds := CASE WHEN p_state IS NOT NULL THEN ARRAY['checkpoint'] ELSE '{}'::text[] END
+               || ARRAY['turn_recorded']
+               || array_fill('call_dispatched'::text,
+                             ARRAY[coalesce(cardinality(v_dispatched), 0)])
+               || CASE WHEN p_finish THEN ARRAY['run_succeeded'] ELSE '{}'::text[] END;
+    PERFORM runledger._events(p_run_id, r.lease_owner, p_fencing_token, v_now, v_kinds,
+        array_fill(v_version, ARRAY[cardinality(v_kinds)]),
         CASE WHEN p_state IS NOT NULL THEN ARRAY['{}'::jsonb] ELSE '{}'::jsonb[] END
         || jsonb_build_object('turn', p_turn, 'calls', v_count)
         || coalesce(v_dispatched, '{}'::jsonb[])

@@ -27,5 +27,5 @@ CREATE TRIGGER tg_run_calls_guard BEFORE UPDATE ON runledger.run_calls
 ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_guard;
 
 DROP FUNCTION runledger._tw_runs_guard(bigint, bigint, bigint, bigint);
-DROP FUNCTION runledger._tw_runs_guard_columns(runledger.runs, runledger.runs);
+DROP FUNCTION runledger._tw_runs_guard_columns(text, text, bigint, bigint, jsonb, jsonb, text, text, text, text, jsonb, jsonb);
 DROP FUNCTION runledger._tw_run_calls_guard(text, integer, integer, text, text);

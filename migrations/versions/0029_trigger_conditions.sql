@@ -16,17 +16,22 @@ AS $$ BEGIN
            OR new_version OPERATOR(pg_catalog.>) (old_version OPERATOR(pg_catalog.+) 1);
 END $$;
 
-CREATE FUNCTION runledger._tw_runs_guard_columns(o runledger.runs, n runledger.runs)
+CREATE FUNCTION runledger._tw_runs_guard_columns(old_run_id text, new_run_id text,
+                                                 old_version bigint, new_version bigint,
+                                                 old_state jsonb, new_state jsonb,
+                                                 old_flow text, new_flow text,
+                                                 old_flow_version text, new_flow_version text,
+                                                 old_input jsonb, new_input jsonb)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$ BEGIN
-    RETURN n.run_id OPERATOR(pg_catalog.<>) o.run_id
-           OR (n.state_version OPERATOR(pg_catalog.<>) (o.state_version OPERATOR(pg_catalog.+) 1)
-               AND CASE WHEN n.state IS NULL OR o.state IS NULL
-                        THEN (n.state IS NULL) OPERATOR(pg_catalog.<>) (o.state IS NULL)
-                        ELSE NOT (n.state OPERATOR(pg_catalog.=) o.state) END)
-           OR n.flow OPERATOR(pg_catalog.<>) o.flow
-           OR n.flow_version OPERATOR(pg_catalog.<>) o.flow_version
-           OR n.input OPERATOR(pg_catalog.<>) o.input;
+    RETURN new_run_id OPERATOR(pg_catalog.<>) old_run_id
+           OR (new_version OPERATOR(pg_catalog.<>) (old_version OPERATOR(pg_catalog.+) 1)
+               AND CASE WHEN new_state IS NULL OR old_state IS NULL
+                        THEN (new_state IS NULL) OPERATOR(pg_catalog.<>) (old_state IS NULL)
+                        ELSE NOT (new_state OPERATOR(pg_catalog.=) old_state) END)
+           OR new_flow OPERATOR(pg_catalog.<>) old_flow
+           OR new_flow_version OPERATOR(pg_catalog.<>) old_flow_version
+           OR new_input OPERATOR(pg_catalog.<>) old_input;
 END $$;
 
 CREATE FUNCTION runledger._tw_run_calls_guard(old_status text, old_attempts integer,
@@ -40,10 +45,10 @@ AS $$ BEGIN
 END $$;
 
 REVOKE ALL ON FUNCTION runledger._tw_runs_guard(bigint, bigint, bigint, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION runledger._tw_runs_guard_columns(runledger.runs, runledger.runs) FROM PUBLIC;
+REVOKE ALL ON FUNCTION runledger._tw_runs_guard_columns(text, text, bigint, bigint, jsonb, jsonb, text, text, text, text, jsonb, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION runledger._tw_run_calls_guard(text, integer, integer, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard(bigint, bigint, bigint, bigint) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard_columns(runledger.runs, runledger.runs) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard_columns(text, text, bigint, bigint, jsonb, jsonb, text, text, text, text, jsonb, jsonb) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._tw_run_calls_guard(text, integer, integer, text, text) TO PUBLIC;
 
 DROP TRIGGER tg_runs_guard ON runledger.runs;
@@ -57,7 +62,10 @@ DROP TRIGGER tg_runs_guard_columns ON runledger.runs;
 CREATE TRIGGER tg_runs_guard_columns
     BEFORE UPDATE OF run_id, state, flow, flow_version, input ON runledger.runs
     FOR EACH ROW
-    WHEN (runledger._tw_runs_guard_columns(OLD, NEW))
+    WHEN (runledger._tw_runs_guard_columns(OLD.run_id, NEW.run_id, OLD.state_version,
+                                           NEW.state_version, OLD.state, NEW.state, OLD.flow,
+                                           NEW.flow, OLD.flow_version, NEW.flow_version,
+                                           OLD.input, NEW.input))
     EXECUTE FUNCTION runledger._guard_runs();
 ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard_columns;
 DROP TRIGGER tg_run_calls_guard ON runledger.run_calls;

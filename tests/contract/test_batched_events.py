@@ -96,7 +96,8 @@ def test_a_decision_without_a_checkpoint_or_a_dispatch_writes_its_one_event(
 ) -> None:
     lease = submit_and_claim(worker)
     v4(worker, lease, 0, [call("c1")], None)
-    [recorded] = _last_events(admin_conn, "r1", 1)
+    claimed, recorded = _last_events(admin_conn, "r1", 2)
+    assert claimed["kind"] == "claimed"  # one event written, no more
     assert recorded["kind"] == "turn_recorded" and recorded["state_version"] == 0
     assert all(chain_links(admin_conn, "r1"))
 
@@ -110,7 +111,7 @@ def test_the_final_decision_ends_the_run_in_the_same_insert_and_says_so_once(
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute("LISTEN runledger_events")
         v4(worker, lease, 1, [], None, expected=0, state={"done": 1}, finish=True)
-        heard = [n.payload for n in listener.notifies(timeout=2.0, stop_after=2)]
+        heard = [n.payload for n in listener.notifies(timeout=0.5, stop_after=2)]
     found = _last_events(admin_conn, "r1", 3)
     assert [e["kind"] for e in found] == ["checkpoint", "turn_recorded", "run_succeeded"]
     assert _one_statement(found) and _consecutive(found)
@@ -160,13 +161,13 @@ def test_the_calls_keep_their_two_levels_of_wrapping_at_the_least_depth(
     assert caught.value.diag.message_primary == "calls nests deeper than 3 levels"
     v4(worker, lease, 0, [call("c1", a=1)], None)  # args of depth 1: the array and object
     with refused(admin_conn, "RL006"):
-        _checkpoint(worker, lease, {"a": {"b": 1}})
-    _checkpoint(worker, lease, {"a": 1})
+        checkpoint(worker, lease, 0, {"a": {"b": 1}})
+    checkpoint(worker, lease, 0, {"a": 1})
 
 
-def _checkpoint(conn: Conn, lease: Lease, state: Any) -> None:
+def checkpoint(conn: Conn, lease: Lease, expected: int, state: Any) -> None:
     rows(
         conn,
         "SELECT runledger.checkpoint(%s, %s, %s, %s, %s)",
-        (lease.run_id, lease.lease_id, lease.token, 0, Jsonb(state)),
+        (lease.run_id, lease.lease_id, lease.token, expected, Jsonb(state)),
     )

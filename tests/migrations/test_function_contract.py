@@ -591,7 +591,8 @@ UNPINNED = {
     "runledger._ck_run_events_hash(bytea)",
     # revision 0029: the functions the guard triggers' WHEN clauses call, the same way
     "runledger._tw_runs_guard(bigint,bigint,bigint,bigint)",
-    "runledger._tw_runs_guard_columns(runledger.runs,runledger.runs)",
+    "runledger._tw_runs_guard_columns(text,text,bigint,bigint,jsonb,jsonb,text,text,text,text,"
+    "jsonb,jsonb)",
     "runledger._tw_run_calls_guard(text,integer,integer,text,text)",
 }
 

@@ -68,3 +68,27 @@ def test_no_bare_boolean_json_check_is_left() -> None:
     assert text.count("pg_notify(") == 3, "notify through _notify_queued, _event, _events only"
     for check in ("_check_worker_id", "_check_lease", "_check_flow"):
         assert text.count(f"runledger.{check}(") >= 2, f"{check} defined but never used"
+
+
+def test_the_two_event_writers_share_their_rules_word_for_word() -> None:
+    """_event and _events (revision 0028) notify the same kinds and refuse the same
+    isolation levels with the same error: their lists and refusals are the same text."""
+    text = _text()
+
+    def body(name: str) -> str:
+        start = text.index(f"CREATE FUNCTION runledger.{name}(")
+        return text[start : text.index("$$;", text.index("AS $$", start))]
+
+    def quiet(b: str) -> list[str]:
+        found = re.search(r"NOT IN \(('call_dispatched'.*?)\)", b, re.S)
+        assert found, "no list of kinds left unnotified"
+        return re.findall(r"'([a-z_]+)'", found.group(1))
+
+    def refusal(b: str) -> str:
+        found = re.search(r"(PERFORM runledger\._raise\('RL006',.*?read committed'\);)", b, re.S)
+        assert found, "no isolation refusal"
+        return " ".join(found.group(1).split())
+
+    one, many = body("_event"), body("_events")
+    assert quiet(one) == quiet(many) and len(quiet(one)) == 7
+    assert refusal(one) == refusal(many)

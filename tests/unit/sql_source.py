@@ -109,10 +109,17 @@ def call_args(text: str, open_paren: int) -> list[str]:
 
 def batched_event_kinds(text: str) -> list[tuple[str, list[str]]]:
     """Each ``runledger._events(...)`` call (revision 0028: the events of one write in one
-    INSERT) with the quoted kinds of its kinds argument (the fifth), in call order."""
+    INSERT) with the quoted kinds of its kinds argument (the fifth; for a variable, the
+    expression last assigned to it before the call), in call order."""
     found = []
     for m in re.finditer(r"(?<!FUNCTION )runledger\._events\(", text):
         kinds_arg = call_args(text, m.end() - 1)[4]
+        if re.fullmatch(r"v_\w+", kinds_arg):  # a variable: its last assignment before
+            sets = list(
+                re.finditer(re.escape(kinds_arg) + r"\s*:=\s*(.*?);", text[: m.start()], re.S)
+            )
+            assert sets, f"{kinds_arg} is never assigned before _events"
+            kinds_arg = sets[-1].group(1)
         # the literals of its ARRAY[...] and array_fill('...', ...) parts (not a condition's)
         parts = re.findall(r"ARRAY\[([^\]]*)\]|array_fill\(('[a-z_]+')", kinds_arg)
         found.append((kinds_arg, re.findall(r"'([a-z_]+)'", " ".join(a + b for a, b in parts))))

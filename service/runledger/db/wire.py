@@ -127,17 +127,28 @@ def _error(conn: psycopg.AsyncConnection[Any], result: pq.abc.PGresult) -> e.Err
 async def _wait(pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
     """Flush what was sent, wait for the reply, drain it: the last result (a single
     statement has one). A broken connection raises ``psycopg.OperationalError`` from
-    libpq's calls, as through a cursor. The socket is read only once it is readable:
-    ``is_busy`` parses what was read already, so a reply that came in one packet with
-    its end (the usual case) costs one read, not a read before and after it that find
-    nothing."""
+    libpq's calls, as through a cursor.
+
+    On a plain connection the socket is read only once it is readable: ``is_busy`` parses
+    what was read already, so a reply that came in one packet with its end (the usual
+    case) costs one read, not also a read before it and one after its result that find
+    nothing. With TLS or GSSAPI encryption, libpq may hold decrypted bytes the socket no
+    longer shows as readable (the rest of a record larger than its buffer): there each
+    wait but the first, right after the send, reads first, as libpq's own waits do."""
     loop = asyncio.get_running_loop()
     fd = pgconn.socket
     while pgconn.flush():  # 1: the socket's buffer is full, wait until it drains
         await _ready(loop, fd, write=True)
+    buffered = _buffered(pgconn)
+    first = True
     last = None
     while True:
         while pgconn.is_busy():
+            if buffered and not first:
+                pgconn.consume_input()
+                if not pgconn.is_busy():
+                    break
+            first = False
             await _ready(loop, fd, write=False)
             pgconn.consume_input()
         res = pgconn.get_result()
@@ -147,6 +158,16 @@ async def _wait(pgconn: pq.abc.PGconn) -> pq.abc.PGresult:
     if last is None:
         raise e.OperationalError("the server sent no result")
     return last
+
+
+def _buffered(pgconn: pq.abc.PGconn) -> bool:
+    """Whether the connection's transport decrypts into a buffer of its own."""
+    if pgconn.ssl_in_use:
+        return True
+    try:
+        return bool(pgconn.used_gssapi)
+    except e.NotSupportedError:  # a libpq before 16 cannot say: assume it may
+        return True
 
 
 async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> None:

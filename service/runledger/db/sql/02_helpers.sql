@@ -301,8 +301,9 @@ AS $$
             || coalesce(p_heads, ''), 'UTF8'))
 $$;
 
--- The only INSERT into run_events. Callers pass the event kind as a literal, so a grep
--- for it finds the writer. p_at: the function's one reading of the clock when the event
+-- One of the two INSERTs into run_events (the other is _events, revision 0028: the events
+-- of one write together). Callers pass the event kind as a literal, so a grep for it finds
+-- the writer. p_at: the function's one reading of the clock when the event
 -- belongs to a set-based statement (claims, renewals); otherwise the clock now.
 -- PL/pgSQL since revision 0007: a SQL function that is not inlined (an INSERT never is)
 -- parses and plans its body at every call site in every transaction; PL/pgSQL plans the
@@ -382,9 +383,11 @@ $$;
 -- every row in one statement, each row chained to the one before it, in the order given:
 -- the same rows, ids in the same order, the same hashes as _event called once per kind.
 -- p_kinds, p_state_versions and p_details are parallel arrays (a NULL detail is '{}').
--- The ids are drawn inside the INSERT, after its table lock, by _event_rows (the rows'
--- ids and links, computed one after another as the INSERT reads them), as _event draws
--- its id: runledger.checkpoint_events never misses one. The rules of _event hold: the run's
+-- The ids are drawn inside the INSERT, after its table lock, by _event_rows (a function the
+-- INSERT runs to completion when it reads its first row: each row's id, then its link to
+-- the one before), as _event draws its id: runledger.checkpoint_events never misses one.
+-- The list of kinds not notified and the isolation refusal are _event's, word for word
+-- (tests/migrations/test_living_files.py holds them equal). The rules of _event hold: the run's
 -- row lock is held by the caller; the chain is extended in READ COMMITTED only (a first
 -- event of a run under another level only alone, as with _event: the second would find
 -- the first); the kinds an operator sees are sent on runledger_events, in id order.
@@ -418,9 +421,16 @@ RETURNS void
 LANGUAGE plpgsql
 AS $$
 DECLARE
+    v_at timestamptz := coalesce(p_at, runledger.now());
     v_previous bytea;
     v_payloads text[];
 BEGIN
+    IF cardinality(p_state_versions) IS DISTINCT FROM cardinality(p_kinds)
+       OR cardinality(p_details) IS DISTINCT FROM cardinality(p_kinds) THEN
+        RAISE EXCEPTION 'runledger._events: % kinds, % state versions, % details',
+            cardinality(p_kinds), cardinality(p_state_versions), cardinality(p_details)
+            USING ERRCODE = 'XX000';
+    END IF;
     SELECT e.hash INTO v_previous FROM runledger.run_events e
     WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
     -- as _event (revision 0023), for each event after the first
@@ -438,9 +448,9 @@ BEGIN
     WITH ins AS (
         INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
                                           state_version, detail, hash)
-        SELECT r.event_id, p_run_id, p_at, r.kind, p_actor, p_fencing_token,
+        SELECT r.event_id, p_run_id, v_at, r.kind, p_actor, p_fencing_token,
                r.state_version, r.detail, r.hash
-        FROM runledger._event_rows(v_previous, p_run_id, p_actor, p_fencing_token, p_at,
+        FROM runledger._event_rows(v_previous, p_run_id, p_actor, p_fencing_token, v_at,
                                    p_kinds, p_state_versions, p_details) AS r
         RETURNING run_events.event_id, run_events.kind)
     SELECT array_agg(ins.event_id || ' ' || p_run_id || ' ' || ins.kind ORDER BY ins.event_id)

@@ -304,8 +304,7 @@ DECLARE
     v_id text;
     v_fast boolean;
     v_dispatched jsonb[];
-    v_sent integer;
-    v_events integer;
+    v_kinds text[];
 BEGIN
     -- the clock the lease check read after the lock (revision 0021, as complete_call_v2)
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
@@ -553,14 +552,13 @@ BEGIN
     -- the checkpoint, the decision, the calls dispatched above (in p_dispatch's order, as
     -- _dispatch writes their events) and the run's end; revision 0028: in one INSERT
     -- (runledger._events), in that order
-    v_sent := coalesce(cardinality(v_dispatched), 0);
-    v_events := CASE WHEN p_state IS NOT NULL THEN 1 ELSE 0 END + 1 + v_sent
-                + CASE WHEN p_finish THEN 1 ELSE 0 END;
-    PERFORM runledger._events(p_run_id, r.lease_owner, p_fencing_token, v_now,
-        CASE WHEN p_state IS NOT NULL THEN ARRAY['checkpoint'] ELSE '{}'::text[] END
-        || ARRAY['turn_recorded'] || array_fill('call_dispatched'::text, ARRAY[v_sent])
-        || CASE WHEN p_finish THEN ARRAY['run_succeeded'] ELSE '{}'::text[] END,
-        array_fill(v_version, ARRAY[v_events]),
+    v_kinds := CASE WHEN p_state IS NOT NULL THEN ARRAY['checkpoint'] ELSE '{}'::text[] END
+               || ARRAY['turn_recorded']
+               || array_fill('call_dispatched'::text,
+                             ARRAY[coalesce(cardinality(v_dispatched), 0)])
+               || CASE WHEN p_finish THEN ARRAY['run_succeeded'] ELSE '{}'::text[] END;
+    PERFORM runledger._events(p_run_id, r.lease_owner, p_fencing_token, v_now, v_kinds,
+        array_fill(v_version, ARRAY[cardinality(v_kinds)]),
         CASE WHEN p_state IS NOT NULL THEN ARRAY['{}'::jsonb] ELSE '{}'::jsonb[] END
         || jsonb_build_object('turn', p_turn, 'calls', v_count)
         || coalesce(v_dispatched, '{}'::jsonb[])

@@ -55,10 +55,11 @@ ALTER TABLE runledger.prune_authorizations ENABLE ALWAYS TRIGGER tg_prune_author
 -- the values it reads, whose body is the condition as before, as the CHECKs do since 0027:
 -- PostgreSQL reads and prepares a trigger's WHEN again in every statement that fires it,
 -- and a function call is a small node to read, its body compiled once per session. The
--- same rows fire the guard, so the same refusals. A WHEN runs with the writer's rights and
--- search path, so these are executable by PUBLIC (a role granted UPDATE on a table meets
--- the guard's RL007, not a permission error), pure functions of their arguments, and every
--- operator in them is schema-qualified.
+-- same rows fire the guard, so the same refusals. A WHEN runs with the writer's rights, so
+-- these are executable by PUBLIC (a role granted UPDATE on a table meets the guard's
+-- RL007, not a permission error), pure functions of their arguments. The inline conditions
+-- were bound when the trigger was created; a function's body is parsed in the writer's
+-- session, with the writer's search path, so every operator in them is schema-qualified.
 CREATE FUNCTION runledger._tw_runs_guard(old_token bigint, new_token bigint,
                                          old_version bigint, new_version bigint)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -68,19 +69,26 @@ AS $$ BEGIN
            OR new_version OPERATOR(pg_catalog.>) (old_version OPERATOR(pg_catalog.+) 1);
 END $$;
 
--- state IS DISTINCT FROM, spelled with pg_catalog's = (IS DISTINCT FROM would look = up
--- in the writer's path)
-CREATE FUNCTION runledger._tw_runs_guard_columns(o runledger.runs, n runledger.runs)
+-- The columns one by one, not the rows: a whole row would be built (every value stored
+-- out of line fetched) for each call. state IS DISTINCT FROM is spelled with pg_catalog's =
+-- (IS DISTINCT FROM would look = up in the writer's path); the state is compared only
+-- when the version did not move by one, as before.
+CREATE FUNCTION runledger._tw_runs_guard_columns(old_run_id text, new_run_id text,
+                                                 old_version bigint, new_version bigint,
+                                                 old_state jsonb, new_state jsonb,
+                                                 old_flow text, new_flow text,
+                                                 old_flow_version text, new_flow_version text,
+                                                 old_input jsonb, new_input jsonb)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$ BEGIN
-    RETURN n.run_id OPERATOR(pg_catalog.<>) o.run_id
-           OR (n.state_version OPERATOR(pg_catalog.<>) (o.state_version OPERATOR(pg_catalog.+) 1)
-               AND CASE WHEN n.state IS NULL OR o.state IS NULL
-                        THEN (n.state IS NULL) OPERATOR(pg_catalog.<>) (o.state IS NULL)
-                        ELSE NOT (n.state OPERATOR(pg_catalog.=) o.state) END)
-           OR n.flow OPERATOR(pg_catalog.<>) o.flow
-           OR n.flow_version OPERATOR(pg_catalog.<>) o.flow_version
-           OR n.input OPERATOR(pg_catalog.<>) o.input;
+    RETURN new_run_id OPERATOR(pg_catalog.<>) old_run_id
+           OR (new_version OPERATOR(pg_catalog.<>) (old_version OPERATOR(pg_catalog.+) 1)
+               AND CASE WHEN new_state IS NULL OR old_state IS NULL
+                        THEN (new_state IS NULL) OPERATOR(pg_catalog.<>) (old_state IS NULL)
+                        ELSE NOT (new_state OPERATOR(pg_catalog.=) old_state) END)
+           OR new_flow OPERATOR(pg_catalog.<>) old_flow
+           OR new_flow_version OPERATOR(pg_catalog.<>) old_flow_version
+           OR new_input OPERATOR(pg_catalog.<>) old_input;
 END $$;
 
 CREATE FUNCTION runledger._tw_run_calls_guard(old_status text, old_attempts integer,
@@ -160,7 +168,10 @@ ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard;
 CREATE TRIGGER tg_runs_guard_columns
     BEFORE UPDATE OF run_id, state, flow, flow_version, input ON runledger.runs
     FOR EACH ROW
-    WHEN (runledger._tw_runs_guard_columns(OLD, NEW))
+    WHEN (runledger._tw_runs_guard_columns(OLD.run_id, NEW.run_id, OLD.state_version,
+                                           NEW.state_version, OLD.state, NEW.state, OLD.flow,
+                                           NEW.flow, OLD.flow_version, NEW.flow_version,
+                                           OLD.input, NEW.input))
     EXECUTE FUNCTION runledger._guard_runs();
 ALTER TABLE runledger.runs ENABLE ALWAYS TRIGGER tg_runs_guard_columns;
 CREATE TRIGGER tg_runs_guard_delete BEFORE DELETE ON runledger.runs

@@ -28,7 +28,7 @@ GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval_decided(text, text, t
 GRANT EXECUTE ON FUNCTION runledger._ck_run_events_hash(bytea) TO PUBLIC;
 -- revision 0029: what the guard triggers' WHEN clauses call
 GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard(bigint, bigint, bigint, bigint) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard_columns(runledger.runs, runledger.runs) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard_columns(text, text, bigint, bigint, jsonb, jsonb, text, text, text, text, jsonb, jsonb) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._tw_run_calls_guard(text, integer, integer, text, text) TO PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA runledger FROM PUBLIC;
 
