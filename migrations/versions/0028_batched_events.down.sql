@@ -1,4 +1,49 @@
--- runledger 0028 down: one _event per kind again, and the settings read for every value.
+-- runledger 0028 down: one _event per kind again, its own refusal, and the settings read
+-- for every value.
+
+CREATE OR REPLACE FUNCTION runledger._event(p_run_id text, p_kind text, p_actor text,
+                                 p_fencing_token bigint, p_state_version bigint,
+                                 p_detail jsonb, p_at timestamptz DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_id bigint;
+    v_at timestamptz := coalesce(p_at, runledger.now());
+    v_detail jsonb := coalesce(p_detail, '{}'::jsonb);
+    v_previous bytea;
+BEGIN
+    SELECT e.hash INTO v_previous FROM runledger.run_events e
+    WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
+    -- Revision 0023: the SELECT above needs a snapshot newer than the run's lock, which
+    -- only READ COMMITTED (and READ UNCOMMITTED, the same in PostgreSQL) takes. Under
+    -- REPEATABLE READ or SERIALIZABLE it reads the transaction's first snapshot: an event
+    -- committed since is not seen, and the new one would chain to the same event as it (a
+    -- fork). So a run's chain is extended only in READ COMMITTED; its first event (a
+    -- submit inside the caller's own transaction) is written under any isolation.
+    IF FOUND AND pg_catalog.current_setting('transaction_isolation')
+                 IN ('repeatable read', 'serializable') THEN
+        PERFORM runledger._raise('RL006',
+            format('events of run %s are written in READ COMMITTED transactions only, not %s',
+                   p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
+            'a transaction with one snapshot does not see the events committed since it'
+            || ' began, and the run''s hash chain would fork',
+            'call the contract functions in autocommit or in a READ COMMITTED transaction,'
+            || ' with default_transaction_isolation read committed');
+    END IF;
+    INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
+                                      state_version, detail, hash)
+    SELECT n.id, p_run_id, v_at, p_kind, p_actor, p_fencing_token, p_state_version,
+           v_detail,
+           runledger._event_hash(v_previous, n.id, p_run_id, v_at, p_kind, p_actor,
+                                 p_fencing_token, p_state_version, v_detail)
+    FROM (SELECT pg_catalog.nextval('runledger.run_events_event_id_seq'::regclass) AS id) n
+    RETURNING event_id INTO v_id;
+    IF p_kind NOT IN ('call_dispatched', 'call_succeeded', 'call_failed', 'call_not_applied',
+                      'turn_recorded', 'checkpoint', 'claimed') THEN
+        PERFORM pg_notify('runledger_events', v_id || ' ' || p_run_id || ' ' || p_kind);
+    END IF;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION runledger._check_json_value_or_null(p_what text, p_value jsonb,
                                                     p_wrap integer DEFAULT 0) RETURNS void
@@ -547,3 +592,4 @@ $$;
 DROP FUNCTION runledger._events(text, text, bigint, timestamptz, text[], bigint[], jsonb[]);
 DROP FUNCTION runledger._event_rows(bytea, text, text, bigint, timestamptz, text[], bigint[],
                                     jsonb[]);
+DROP FUNCTION runledger._refuse_event_isolation(text);

@@ -564,6 +564,7 @@ UNPINNED = {
     "jsonb)",  # revision 0016
     "runledger._checkpoint_digest(bytea,bigint,bigint,text)",  # revision 0016
     # revision 0028: the events of one write in one INSERT
+    "runledger._refuse_event_isolation(text)",
     "runledger._events(text,text,bigint,timestamp with time zone,text[],bigint[],jsonb[])",
     "runledger._event_rows(bytea,text,text,bigint,timestamp with time zone,text[],bigint[],"
     "jsonb[])",

@@ -301,6 +301,22 @@ AS $$
             || coalesce(p_heads, ''), 'UTF8'))
 $$;
 
+-- Revision 0028: the refusal of an event written to a run's chain outside READ COMMITTED
+-- (revision 0023, see _event), for _event and _events alike; called only to refuse.
+CREATE FUNCTION runledger._refuse_event_isolation(p_run_id text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+        PERFORM runledger._raise('RL006',
+            format('events of run %s are written in READ COMMITTED transactions only, not %s',
+                   p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
+            'a transaction with one snapshot does not see the events committed since it'
+            || ' began, and the run''s hash chain would fork',
+            'call the contract functions in autocommit or in a READ COMMITTED transaction,'
+            || ' with default_transaction_isolation read committed');
+END
+$$;
+
 -- One of the two INSERTs into run_events (the other is _events, revision 0028: the events
 -- of one write together). Callers pass the event kind as a literal, so a grep for it finds
 -- the writer. p_at: the function's one reading of the clock when the event
@@ -352,13 +368,7 @@ BEGIN
     -- submit inside the caller's own transaction) is written under any isolation.
     IF FOUND AND pg_catalog.current_setting('transaction_isolation')
                  IN ('repeatable read', 'serializable') THEN
-        PERFORM runledger._raise('RL006',
-            format('events of run %s are written in READ COMMITTED transactions only, not %s',
-                   p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
-            'a transaction with one snapshot does not see the events committed since it'
-            || ' began, and the run''s hash chain would fork',
-            'call the contract functions in autocommit or in a READ COMMITTED transaction,'
-            || ' with default_transaction_isolation read committed');
+        PERFORM runledger._refuse_event_isolation(p_run_id);
     END IF;
     INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
                                       state_version, detail, hash)
@@ -386,8 +396,8 @@ $$;
 -- The ids are drawn inside the INSERT, after its table lock, by _event_rows (a function the
 -- INSERT runs to completion when it reads its first row: each row's id, then its link to
 -- the one before), as _event draws its id: runledger.checkpoint_events never misses one.
--- The list of kinds not notified and the isolation refusal are _event's, word for word
--- (tests/migrations/test_living_files.py holds them equal). The rules of _event hold: the run's
+-- The list of kinds not notified is _event's, word for word (tests/migrations/
+-- test_living_files.py holds them equal); the isolation refusal is the same helper's. The rules of _event hold: the run's
 -- row lock is held by the caller; the chain is extended in READ COMMITTED only (a first
 -- event of a run under another level only alone, as with _event: the second would find
 -- the first); the kinds an operator sees are sent on runledger_events, in id order.
@@ -437,13 +447,7 @@ BEGIN
     IF (FOUND OR cardinality(p_kinds) > 1)
        AND pg_catalog.current_setting('transaction_isolation')
            IN ('repeatable read', 'serializable') THEN
-        PERFORM runledger._raise('RL006',
-            format('events of run %s are written in READ COMMITTED transactions only, not %s',
-                   p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
-            'a transaction with one snapshot does not see the events committed since it'
-            || ' began, and the run''s hash chain would fork',
-            'call the contract functions in autocommit or in a READ COMMITTED transaction,'
-            || ' with default_transaction_isolation read committed');
+        PERFORM runledger._refuse_event_isolation(p_run_id);
     END IF;
     WITH ins AS (
         INSERT INTO runledger.run_events (event_id, run_id, at, kind, actor, fencing_token,
