@@ -12,13 +12,13 @@ CREATE FUNCTION runledger._refuse_event_isolation(p_run_id text) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-        PERFORM runledger._raise('RL006',
-            format('events of run %s are written in READ COMMITTED transactions only, not %s',
-                   p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
-            'a transaction with one snapshot does not see the events committed since it'
-            || ' began, and the run''s hash chain would fork',
-            'call the contract functions in autocommit or in a READ COMMITTED transaction,'
-            || ' with default_transaction_isolation read committed');
+    PERFORM runledger._raise('RL006',
+        format('events of run %s are written in READ COMMITTED transactions only, not %s',
+               p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
+        'a transaction with one snapshot does not see the events committed since it'
+        || ' began, and the run''s hash chain would fork',
+        'call the contract functions in autocommit or in a READ COMMITTED transaction,'
+        || ' with default_transaction_isolation read committed');
 END
 $$;
 

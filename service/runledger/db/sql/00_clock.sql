@@ -17,7 +17,8 @@
 --                    _check_worker_id, _check_lease, _check_flow, _check_json_depth,
 --                    _check_json_*, _check_word, _parse_flows); _event (an event row),
 --                    _events and _event_rows (the events of one write in one INSERT,
---                    0028), _refuse_event_isolation (0028), _event_hash and _checkpoint_digest (the event chains, 0016);
+--                    0028), _refuse_event_isolation (0028), _event_hash and
+--                    _checkpoint_digest (the event chains, 0016);
 --                    _notify_queued; locks (_lock_run, _lock_leased_run,
 --                    _lock_leased_run_at (0019), _lock_call); _dispatch, _dispatch_each;
 --                    timelines (_timeline, _token_floor)

@@ -307,20 +307,20 @@ CREATE FUNCTION runledger._refuse_event_isolation(p_run_id text) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-        PERFORM runledger._raise('RL006',
-            format('events of run %s are written in READ COMMITTED transactions only, not %s',
-                   p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
-            'a transaction with one snapshot does not see the events committed since it'
-            || ' began, and the run''s hash chain would fork',
-            'call the contract functions in autocommit or in a READ COMMITTED transaction,'
-            || ' with default_transaction_isolation read committed');
+    PERFORM runledger._raise('RL006',
+        format('events of run %s are written in READ COMMITTED transactions only, not %s',
+               p_run_id, upper(pg_catalog.current_setting('transaction_isolation'))),
+        'a transaction with one snapshot does not see the events committed since it'
+        || ' began, and the run''s hash chain would fork',
+        'call the contract functions in autocommit or in a READ COMMITTED transaction,'
+        || ' with default_transaction_isolation read committed');
 END
 $$;
 
 -- One of the two INSERTs into run_events (the other is _events, revision 0028: the events
 -- of one write together). Callers pass the event kind as a literal, so a grep for it finds
--- the writer. p_at: the function's one reading of the clock when the event
--- belongs to a set-based statement (claims, renewals); otherwise the clock now.
+-- the writer. p_at: the function's one reading of the clock when the event belongs to a
+-- set-based statement (claims, renewals); otherwise the clock now.
 -- PL/pgSQL since revision 0007: a SQL function that is not inlined (an INSERT never is)
 -- parses and plans its body at every call site in every transaction; PL/pgSQL plans the
 -- INSERT once per session.
@@ -397,10 +397,11 @@ $$;
 -- INSERT runs to completion when it reads its first row: each row's id, then its link to
 -- the one before), as _event draws its id: runledger.checkpoint_events never misses one.
 -- The list of kinds not notified is _event's, word for word (tests/migrations/
--- test_living_files.py holds them equal); the isolation refusal is the same helper's. The rules of _event hold: the run's
--- row lock is held by the caller; the chain is extended in READ COMMITTED only (a first
--- event of a run under another level only alone, as with _event: the second would find
--- the first); the kinds an operator sees are sent on runledger_events, in id order.
+-- test_living_files.py holds them equal); the isolation refusal is the same helper's.
+-- The rules of _event hold: the run's row lock is held by the caller; the chain is
+-- extended in READ COMMITTED only (a first event of a run under another level only alone,
+-- as with _event: the second would find the first); the kinds an operator sees are sent
+-- on runledger_events, in id order.
 CREATE FUNCTION runledger._event_rows(p_previous bytea, p_run_id text, p_actor text,
                                       p_fencing_token bigint, p_at timestamptz,
                                       p_kinds text[], p_state_versions bigint[],
