@@ -126,6 +126,9 @@ class HistoryTurn:
 
 _TOOL_CONTEXT: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("runledger_tool")
 
+# json.dumps(value, allow_nan=False) without an encoder built per call
+_encode_strict = json.JSONEncoder(allow_nan=False).encode
+
 
 def tool_context() -> ToolContext:
     """The :class:`ToolContext` of the tool call running now (for tool code that is not
@@ -411,7 +414,7 @@ class Recordable:
 
 def _check_json(what: str, value: Any) -> None:
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = _encode_strict(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidDecision(f"{what} is not JSON: {exc}") from exc
     if "\\u0000" in text:
@@ -420,6 +423,44 @@ def _check_json(what: str, value: Any) -> None:
 
 def _check_json_args(tool: str, args: dict[str, Any]) -> None:
     _check_json(f"tool {tool}: arguments", args)
+
+
+async def _within(coro: Awaitable[Any], timeout: float) -> Any:
+    """``coro`` cancelled in place after ``timeout`` s, and ``TimeoutError`` raised once it
+    has unwound: what ``asyncio.timeout`` does, inline. Not ``wait_for``: in Python 3.11
+    it runs the coroutine in a task of its own, one more task per tool call. Not the
+    ``asyncio.timeout`` scope either: its object and its two coroutines (enter, exit)
+    cost as much again as the timer (a few µs per call on the worker's hot path). The
+    same rules: the timer cancels the task running this, and only a cancellation that
+    the timer caused (the task's count of cancellations back to what it was on entry)
+    becomes ``TimeoutError``, any other goes on as ``CancelledError``; and the timer's
+    cancellation is taken back whatever the coroutine made of it."""
+    task = asyncio.current_task()
+    if task is None:  # not in a task: nothing to cancel in place
+        async with asyncio.timeout(timeout):
+            return await coro
+    loop = asyncio.get_running_loop()
+    before = task.cancelling()
+    fired = False
+
+    def expire() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    timer = loop.call_later(timeout, expire)
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if fired:
+            fired = False
+            if task.uncancel() <= before:
+                raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()
+        if fired:  # the timer's cancellation was swallowed, or became another error
+            task.uncancel()
 
 
 async def invoke(
@@ -438,11 +479,7 @@ async def invoke(
         coro: Awaitable[Any] = fn(*args, **kw)
         if timeout is None:
             return await coro
-        # not wait_for: in Python 3.11 it runs the coroutine in a task of its own, one
-        # more task per tool call; a timeout scope cancels it in place, and raises the same
-        # TimeoutError
-        async with asyncio.timeout(timeout):
-            return await coro
+        return await _within(coro, timeout)
     # A thread cannot be interrupted. Giving up on it would let the runtime look the
     # effect up or send it again while the first attempt may still land, so a plain
     # ``def`` is always waited for; its timeout is only reported.

@@ -428,6 +428,56 @@ async def test_a_write_sent_at_once_that_waits_for_a_lock_gives_up_its_place(
     assert moved[runs[1].run_id] == moved[runs[2].run_id] != moved[runs[0].run_id]
 
 
+async def test_a_write_past_the_slow_limit_gives_its_place_to_the_next_write_at_once(
+    coalescing: Store, reader: Conn, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No write waits queued in the meantime, so no timer gives the place back: the next
+    write that wants it finds the first has held it past SLOW_SECONDS, and is sent at
+    once, alone, rather than queued for a batch."""
+    runs, completions = await decided_runs(coalescing, database_url, "cg", 2)
+    monkeypatch.setattr(coalesce, "SLOW_SECONDS", 0.2)
+    held = await Held(database_url).hold(runs[0])
+    try:
+        first = asyncio.ensure_future(advance(coalescing, runs[0]))
+        await until(lambda: completions._busy == 1, "the first sent at once")
+        await asyncio.sleep(0.3)  # the first write is past SLOW_SECONDS, still waiting
+        assert not first.done()
+        assert await asyncio.wait_for(advance(coalescing, runs[1]), 10) == 1
+        assert not first.done()
+        assert completions.queued == 0
+    finally:
+        await held.release()
+    assert await asyncio.wait_for(first, 10) == 1
+    assert (completions.batches, completions.batched, completions.failed) == (0, 0, 0)
+    moved = await xmins(reader, "cg", "c0")
+    assert moved[runs[0].run_id] != moved[runs[1].run_id]
+
+
+async def test_a_write_sent_at_once_sets_no_timer(
+    coalescing: Store, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The place of a write sent at once is checked when another write wants it; a timer
+    is set only once a write waits queued (the test before this one's release)."""
+    runs, completions = await decided_runs(coalescing, database_url, "ct", 1)
+    loop = asyncio.get_running_loop()
+    timers: list[str] = []  # the coalescer's: the pool may set its own
+
+    def counting(real: Any) -> Any:
+        def call(when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+            name = getattr(callback, "__qualname__", "")
+            if name.startswith(coalesce.Coalescer.__name__):
+                timers.append(name)
+            return real(when, callback, *args, **kwargs)
+
+        return call
+
+    for name in ("call_later", "call_at"):
+        monkeypatch.setattr(loop, name, counting(getattr(loop, name)))
+    assert await advance(coalescing, runs[0]) == 1
+    assert timers == []
+    assert completions._busy == 0 and not completions._alone_since
+
+
 class LosesBatches(Store):
     """Fails the first batch statement as a dropped connection: after it ran
     (``landed``: only the COMMIT's acknowledgement was lost) or before it was sent."""

@@ -129,6 +129,10 @@ class Coalescer:
         self.in_flight = in_flight
         self._queue: list[Write[Any]] = []
         self._busy = 0  # statements of this kind in flight (alone or batches)
+        # the writes sent at once that hold a place in flight: id of the write -> the
+        # loop's time it was sent; a place held SLOW_SECONDS is given back
+        self._alone_since: dict[int, float] = {}
+        self._slow_timer: asyncio.TimerHandle | None = None
         self._senders: set[asyncio.Task[None]] = set()
         self.batches = 0  # statements of more than one write, for tests and metrics
         self.batched = 0  # writes sent in them
@@ -140,27 +144,25 @@ class Coalescer:
         return len(self._queue)
 
     async def send(self, write: Write[T]) -> T:
+        loop = asyncio.get_running_loop()
+        if self._alone_since and self._busy >= self.in_flight:
+            self._give_back_slow(loop.time())
         if self._busy < self.in_flight and not self._queue:
             # room in flight: send it now, in the caller's context (its pinned
             # connection), exactly as without coalescing
             self._busy += 1
-            released = False
-
-            def release() -> None:
-                nonlocal released
-                if not released:
-                    released = True
-                    self._busy -= 1
-                    self._start_sender()
-
-            # a write that waits (a lock another transaction holds) gives up its slot
-            # after SLOW_SECONDS: the other runs' writes do not wait behind it
-            slow = asyncio.get_running_loop().call_later(SLOW_SECONDS, release)
+            # a write that waits (a lock another transaction holds) gives up its place
+            # after SLOW_SECONDS: the other runs' writes do not wait behind it. Checked
+            # when another write wants the place, and by one timer while writes are
+            # queued: no timer per write
+            key = id(write)
+            self._alone_since[key] = loop.time()
             try:
                 return await self._alone(write)
             finally:
-                slow.cancel()
-                release()
+                if self._alone_since.pop(key, None) is not None:
+                    self._busy -= 1
+                    self._start_sender()
         self._queue.append(write)
         self._start_sender()
         try:
@@ -187,7 +189,28 @@ class Coalescer:
             write.sql, write.params, write.fields, write.result, write.landed
         )
 
+    def _give_back_slow(self, now: float) -> None:
+        """The places of the writes sent at once SLOW_SECONDS ago or more, given back."""
+        for key, since in list(self._alone_since.items()):
+            if now - since >= SLOW_SECONDS:
+                del self._alone_since[key]
+                self._busy -= 1
+
+    def _slow_over(self, key: int) -> None:
+        """The timer of the oldest write sent at once: its place is given back now."""
+        self._slow_timer = None
+        if self._alone_since.pop(key, None) is not None:
+            self._busy -= 1
+        self._start_sender()
+
     def _start_sender(self) -> None:
+        if self._queue and self._busy >= self.in_flight and self._alone_since:
+            loop = asyncio.get_running_loop()
+            self._give_back_slow(loop.time())
+            if self._busy >= self.in_flight and self._alone_since and self._slow_timer is None:
+                # the queue waits for a write sent at once: until its place is given back
+                key, first = min(self._alone_since.items(), key=lambda kv: kv[1])
+                self._slow_timer = loop.call_at(first + SLOW_SECONDS, self._slow_over, key)
         if self._queue and self._busy < self.in_flight:
             self._busy += 1
             # a context of its own: not the pinned connection of whoever started it

@@ -94,6 +94,11 @@ def _bad_text(value: str) -> bool:
 # container is, its key or index). Spelled out (_path) only for a refusal's message.
 _At = tuple[Any, str | int] | None
 
+# json.dumps(value, allow_nan=False, ensure_ascii=False), without building an encoder per
+# call as dumps does for any argument but the defaults (the worker checks a few values
+# per tool call)
+_encode = json.JSONEncoder(allow_nan=False, ensure_ascii=False).encode
+
 
 def _path(at: _At) -> str:
     parts: list[str] = []
@@ -162,10 +167,10 @@ def check_json(
         return None
     if obj and not isinstance(value, dict):
         raise InvalidInput(f"{what} must be a JSON object, got {type(value).__name__}")
-    _walk(what, value, max_depth)  # first: json.dumps below recurses
+    _walk(what, value, max_depth)  # first: the encoder below recurses
     try:
         # measured like the database does: octet_length of UTF-8 text
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text = _encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"{what} is not JSON: {exc}") from exc
     if cap is not None and len(text.encode()) > cap:

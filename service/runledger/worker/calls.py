@@ -28,6 +28,7 @@ from runledger.worker.runs import (
     Draining,
     Limits,
     LocalLeaseExpired,
+    detached,
     error_of,
     jsonable,
     unpack,
@@ -236,9 +237,9 @@ class Calls:
         # the task copies the context when it is created: runledger.tool_context() in the
         # tool (and in its thread, for a plain def) is this call's, whatever happens here
         with using_tool_context(ctx):
-            work = asyncio.ensure_future(invoke(tool.fn, (ctx,), call.args, timeout=timeout))
+            work, answer = detached(invoke(tool.fn, (ctx,), call.args, timeout=timeout))
         try:
-            value = await asyncio.shield(work)
+            value = await answer
         except asyncio.CancelledError:
             self._abandon(active, tool, call, work)
             raise

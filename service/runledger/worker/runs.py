@@ -6,9 +6,9 @@ import asyncio
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runledger.config import default
 from runledger.db.rows import ClaimedJournal
@@ -17,6 +17,8 @@ from runledger.model import ClaimedRun
 
 if TYPE_CHECKING:
     from runledger.worker.journal import LocalJournal
+
+T = TypeVar("T")
 
 
 class Draining(Exception):
@@ -91,6 +93,44 @@ def jsonable(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return jsonable(json.loads(json.dumps(value, default=str)))
+
+
+def detached(coro: Coroutine[Any, Any, T]) -> tuple[asyncio.Task[T], asyncio.Future[T]]:
+    """``coro`` in a task of its own (the context copied now), and the future its caller
+    awaits for its outcome: ``asyncio.shield`` of the task, one turn of the event loop
+    sooner, since the task sets the answer itself as ``coro`` ends (a shield's answer
+    waits for the task's done callback, then for its own).
+
+    A caller cancelled meanwhile stops waiting, and its answer is cancelled; the task
+    goes on, and its outcome, the task's own, is for whoever tracks it (a write that may
+    be refused, a tool's thread). Once the answer carries the task's exception, the
+    task's copy counts as retrieved."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[T] = loop.create_future()
+    return loop.create_task(_answering(coro, answer)), answer
+
+
+async def _answering(coro: Coroutine[Any, Any, T], answer: asyncio.Future[T]) -> T:
+    try:
+        value = await coro
+    except BaseException as exc:
+        if not answer.done():
+            if isinstance(exc, asyncio.CancelledError):
+                answer.cancel()
+            else:
+                answer.set_exception(exc)
+                task = asyncio.current_task()
+                if task is not None:
+                    task.add_done_callback(_retrieved)
+        raise
+    if not answer.done():
+        answer.set_result(value)
+    return value
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class Backoff:

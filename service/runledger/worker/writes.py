@@ -27,7 +27,7 @@ from runledger.db.store import Store
 from runledger.model import Call, FinishStatus, Outcome
 from runledger.worker import tracing
 from runledger.worker.metrics import Metrics
-from runledger.worker.runs import ActiveRun
+from runledger.worker.runs import ActiveRun, detached
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ class Writes:
     async def write(self, active: ActiveRun, operation: str, coro: Coroutine[Any, Any, T]) -> T:
         """Send one write of this run's lease and wait for the database's answer."""
         active.operation = operation
-        task = asyncio.ensure_future(coro)
+        task, answer = detached(coro)  # once sent, the database decides: not cut off
         try:
-            return await asyncio.shield(task)
+            return await answer
         except asyncio.CancelledError:
             task.add_done_callback(lambda t: self._after_fenced_write(active, t))
             self.track(active, task)
