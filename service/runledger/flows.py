@@ -431,10 +431,11 @@ async def _within(coro: Awaitable[Any], timeout: float) -> Any:
     it runs the coroutine in a task of its own, one more task per tool call. Not the
     ``asyncio.timeout`` scope either: its object and its two coroutines (enter, exit)
     cost as much again as the timer (a few µs per call on the worker's hot path). The
-    same rules: the timer cancels the task running this, and only a cancellation that
-    the timer caused (the task's count of cancellations back to what it was on entry)
-    becomes ``TimeoutError``, any other goes on as ``CancelledError``; and the timer's
-    cancellation is taken back whatever the coroutine made of it."""
+    same rules: the timer cancels the task running this; only a plain ``CancelledError``
+    (not a subclass) that the timer caused (the task's count of cancellations back to
+    what it was on entry) becomes ``TimeoutError``, any other goes on as it is; the
+    timer's cancellation is taken back whatever the coroutine made of it; a timeout of
+    0 or less cancels at once, before the callbacks ready now."""
     task = asyncio.current_task()
     if task is None:  # not in a task: nothing to cancel in place
         async with asyncio.timeout(timeout):
@@ -448,14 +449,14 @@ async def _within(coro: Awaitable[Any], timeout: float) -> Any:
         fired = True
         task.cancel()
 
-    timer = loop.call_later(timeout, expire)
+    timer = loop.call_soon(expire) if timeout <= 0 else loop.call_later(timeout, expire)
     try:
         return await coro
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
         if fired:
             fired = False
-            if task.uncancel() <= before:
-                raise TimeoutError from None
+            if task.uncancel() <= before and type(exc) is asyncio.CancelledError:
+                raise TimeoutError from exc
         raise
     finally:
         timer.cancel()

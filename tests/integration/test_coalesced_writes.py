@@ -436,6 +436,14 @@ async def test_a_write_past_the_slow_limit_gives_its_place_to_the_next_write_at_
     once, alone, rather than queued for a batch."""
     runs, completions = await decided_runs(coalescing, database_url, "cg", 2)
     monkeypatch.setattr(coalesce, "SLOW_SECONDS", 0.2)
+    batches: list[int] = []  # batch statements of any size, a batch of one included
+    send_batch = completions._send_batch
+
+    async def counted(writes: list[Any]) -> None:
+        batches.append(len(writes))
+        await send_batch(writes)
+
+    monkeypatch.setattr(completions, "_send_batch", counted)
     held = await Held(database_url).hold(runs[0])
     try:
         first = asyncio.ensure_future(advance(coalescing, runs[0]))
@@ -448,6 +456,7 @@ async def test_a_write_past_the_slow_limit_gives_its_place_to_the_next_write_at_
     finally:
         await held.release()
     assert await asyncio.wait_for(first, 10) == 1
+    assert batches == []  # the second went alone, not queued for a batch of one
     assert (completions.batches, completions.batched, completions.failed) == (0, 0, 0)
     moved = await xmins(reader, "cg", "c0")
     assert moved[runs[0].run_id] != moved[runs[1].run_id]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -164,6 +166,49 @@ def test_an_exception_answered_then_a_cancel_leaves_it_on_the_task(run: Run, way
     assert run(main()) in ("cancelled", "raised")
 
 
+@pytest.mark.parametrize("way", WAYS)
+def test_a_task_cancelled_before_its_first_step_cancels_the_answer(run: Run, way: str) -> None:
+    """As the loop's shutdown cancels every task: the caller is not left waiting, and the
+    work, which never ran, is closed without a 'never awaited' warning."""
+
+    async def main() -> str:
+        task, answer = await WAYS[way](_value())
+        task.cancel()
+        try:
+            return str(await asyncio.wait_for(answer, 5))
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a coroutine never awaited: a RuntimeWarning
+        assert run(main()) == "cancelled"
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_task_still_pending_when_its_loop_closes_goes_quietly(way: str) -> None:
+    """The loop closed under a pending task: collected, its coroutines are closed
+    (GeneratorExit), and nothing may be set on the closed loop's futures meanwhile."""
+    raised: list[BaseException | None] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: raised.append(u.exc_value)
+    try:
+        loop = asyncio.new_event_loop()
+        loop.set_exception_handler(lambda _, context: raised.append(context.get("exception")))
+
+        async def caller() -> Any:
+            _, answer = await WAYS[way](asyncio.sleep(10))
+            return await answer
+
+        waiting = loop.create_task(caller())
+        loop.run_until_complete(asyncio.sleep(0.01))
+        loop.close()
+        del waiting
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert [e for e in raised if e is not None] == []
+
+
 def turns_to_resume(way: str) -> Callable[[], Coroutine[Any, Any, int]]:
     """Turns of the loop between the work's last step and its caller's next one."""
 
@@ -240,16 +285,24 @@ async def scoped(coro: Awaitable[Any], timeout: float) -> Any:
 LIMITS = {"asyncio.timeout": scoped, "_within": _within}
 
 
-async def outcome(limit: str, work: Callable[[list[str]], Awaitable[Any]]) -> tuple[Any, ...]:
-    """What the caller sees, what the work did before the caller saw it, and the task's
-    count of cancellations afterwards."""
+async def _yields_once(log: list[str]) -> str:
+    await asyncio.sleep(0)
+    log.append("yielded")
+    return "yielded"
+
+
+async def outcome(
+    limit: str, work: Callable[[list[str]], Awaitable[Any]], timeout: float = 0.02
+) -> tuple[Any, ...]:
+    """What the caller sees (an exception's type and its cause's), what the work did
+    before the caller saw it, and the task's count of cancellations afterwards."""
     log: list[str] = []
     task = asyncio.current_task()
     assert task is not None
     try:
-        seen: Any = await LIMITS[limit](work(log), 0.02)
+        seen: Any = await LIMITS[limit](work(log), timeout)
     except BaseException as exc:
-        seen = type(exc).__name__
+        seen = (type(exc).__name__, type(exc.__cause__).__name__)
     return seen, list(log), task.cancelling()
 
 
@@ -261,12 +314,26 @@ def test_within_ends_as_a_timeout_scope_does(run: Run, work: Any) -> None:
     by_scope, by_within = run(main())
     assert by_within == by_scope
     expected = {
-        _slow: ("TimeoutError", ["unwound"], 0),
+        _slow: (("TimeoutError", "CancelledError"), ["unwound"], 0),
         _quick: ("quick", ["ran"], 0),
         _swallows: ("swallowed", ["swallowed"], 0),
-        _converts: ("Boom", ["converted"], 0),
+        _converts: (("Boom", "NoneType"), ["converted"], 0),
     }[work]
     assert by_within == expected
+
+
+@pytest.mark.parametrize("timeout", [0, -1])
+def test_a_deadline_already_past_cancels_before_the_ready_callbacks(
+    run: Run, timeout: float
+) -> None:
+    """A work that yields once: its next step is ready at once, but the scope's
+    cancellation comes first."""
+
+    async def main() -> list[tuple[Any, ...]]:
+        return [await outcome(limit, _yields_once, timeout) for limit in LIMITS]
+
+    by_scope, by_within = run(main())
+    assert by_within == by_scope == (("TimeoutError", "CancelledError"), [], 0)
 
 
 @pytest.mark.parametrize("limit", LIMITS)

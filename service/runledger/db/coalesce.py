@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -129,9 +130,11 @@ class Coalescer:
         self.in_flight = in_flight
         self._queue: list[Write[Any]] = []
         self._busy = 0  # statements of this kind in flight (alone or batches)
-        # the writes sent at once that hold a place in flight: id of the write -> the
-        # loop's time it was sent; a place held SLOW_SECONDS is given back
+        # the writes sent at once that hold a place in flight: a number of the write's
+        # own (never reused, unlike id(): a timer may outlive its write) -> the loop's
+        # time it was sent; a place held SLOW_SECONDS is given back
         self._alone_since: dict[int, float] = {}
+        self._numbers = itertools.count()
         self._slow_timer: asyncio.TimerHandle | None = None
         self._senders: set[asyncio.Task[None]] = set()
         self.batches = 0  # statements of more than one write, for tests and metrics
@@ -155,7 +158,7 @@ class Coalescer:
             # after SLOW_SECONDS: the other runs' writes do not wait behind it. Checked
             # when another write wants the place, and by one timer while writes are
             # queued: no timer per write
-            key = id(write)
+            key = next(self._numbers)
             self._alone_since[key] = loop.time()
             try:
                 return await self._alone(write)

@@ -104,15 +104,27 @@ def detached(coro: Coroutine[Any, Any, T]) -> tuple[asyncio.Task[T], asyncio.Fut
     A caller cancelled meanwhile stops waiting, and its answer is cancelled; the task
     goes on, and its outcome, the task's own, is for whoever tracks it (a write that may
     be refused, a tool's thread). Once the answer carries the task's exception, the
-    task's copy counts as retrieved."""
+    task's copy counts as retrieved. A task cancelled before its first step (the loop
+    shutting down) cancels the answer and closes ``coro``, which never ran."""
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[T] = loop.create_future()
-    return loop.create_task(_answering(coro, answer)), answer
+    task = loop.create_task(_answering(coro, answer))
+
+    def ended(task: asyncio.Task[T]) -> None:
+        if task.cancelled():
+            if not answer.done():
+                answer.cancel()
+            coro.close()  # a no-op once it ran; unstarted, closed without a warning
+
+    task.add_done_callback(ended)
+    return task, answer
 
 
 async def _answering(coro: Coroutine[Any, Any, T], answer: asyncio.Future[T]) -> T:
     try:
         value = await coro
+    except GeneratorExit:  # closed (a pending task collected after its loop closed)
+        raise
     except BaseException as exc:
         if not answer.done():
             if isinstance(exc, asyncio.CancelledError):
