@@ -259,22 +259,25 @@ async def _quick(log: list[str]) -> str:
     return "quick"
 
 
-async def _swallows(log: list[str]) -> str:
-    try:
-        await asyncio.sleep(5)
-    except asyncio.CancelledError:
-        log.append("swallowed")
-        return "swallowed"
-    return "slow"
+def _on_cancel(then: str) -> Callable[[list[str]], Awaitable[str]]:
+    """A work that waits and, cancelled, returns a value ("swallowed") or raises another
+    error ("converted")."""
+
+    async def work(log: list[str]) -> str:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            log.append(then)
+            if then == "converted":
+                raise Boom("instead") from None
+            return then
+        return "slow"
+
+    work.__name__ = f"_{then}"
+    return work
 
 
-async def _converts(log: list[str]) -> str:
-    try:
-        await asyncio.sleep(5)
-    except asyncio.CancelledError:
-        log.append("converted")
-        raise Boom("instead") from None
-    return "slow"
+_swallows, _converts = _on_cancel("swallowed"), _on_cancel("converted")
 
 
 async def scoped(coro: Awaitable[Any], timeout: float) -> Any:
