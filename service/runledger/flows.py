@@ -300,6 +300,8 @@ class Flow:
             ) from None
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if timeout is not None and not timeout >= 0:  # NaN too; 0 or None: the worker's
+            raise ValueError(f"timeout must be a number of seconds, 0 or more, got {timeout!r}")
 
         def register(f: Callable[..., Any]) -> Tool[Any]:
             tool_name = name or f.__name__

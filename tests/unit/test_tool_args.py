@@ -42,3 +42,14 @@ def test_check_args_agrees_with_binding(fn: Any) -> None:
         else:
             with pytest.raises(InvalidDecision, match=f"tool {fn.__name__}: "):
                 tool.check_args(args)
+
+
+@pytest.mark.parametrize("timeout", [-1, -0.5, float("nan")])
+def test_a_tool_timeout_below_zero_is_refused_where_the_tool_is_declared(timeout: float) -> None:
+    """Every attempt of such a tool would time out at once, ambiguous: one clear error at
+    the declaration instead (0 and None keep the worker's default)."""
+    flow = Flow("t", "1")
+    with pytest.raises(ValueError, match="timeout must be a number of seconds, 0 or more"):
+        flow.tool(safety="idempotent", timeout=timeout)(nothing)
+    for kept in (0, None, 2.5):
+        assert Flow("t", "1").tool(safety="idempotent", timeout=kept)(nothing).timeout == kept

@@ -103,9 +103,10 @@ def detached(coro: Coroutine[Any, Any, T]) -> tuple[asyncio.Task[T], asyncio.Fut
 
     A caller cancelled meanwhile stops waiting, and its answer is cancelled; the task
     goes on, and its outcome, the task's own, is for whoever tracks it (a write that may
-    be refused, a tool's thread). Once the answer carries the task's exception, the
-    task's copy counts as retrieved. A task cancelled before its first step (the loop
-    shutting down) cancels the answer and closes ``coro``, which never ran."""
+    be refused, a tool's thread). While the answer is not cancelled it carries the
+    task's outcome, so the task's exception counts as retrieved. A task cancelled before
+    its first step (the loop shutting down) cancels the answer and closes ``coro``,
+    which never ran."""
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[T] = loop.create_future()
     task = loop.create_task(_answering(coro, answer))
@@ -115,6 +116,8 @@ def detached(coro: Coroutine[Any, Any, T]) -> tuple[asyncio.Task[T], asyncio.Fut
             if not answer.done():
                 answer.cancel()
             coro.close()  # a no-op once it ran; unstarted, closed without a warning
+        elif not answer.cancelled():
+            task.exception()  # the caller has it from the answer
 
     task.add_done_callback(ended)
     return task, answer
@@ -131,18 +134,10 @@ async def _answering(coro: Coroutine[Any, Any, T], answer: asyncio.Future[T]) ->
                 answer.cancel()
             else:
                 answer.set_exception(exc)
-                task = asyncio.current_task()
-                if task is not None:
-                    task.add_done_callback(_retrieved)
         raise
     if not answer.done():
         answer.set_result(value)
     return value
-
-
-def _retrieved(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 class Backoff:
