@@ -173,3 +173,42 @@ async def test_a_crash_loop_with_a_call_in_flight_pauses_instead_of_failing(
     [call] = await db.calls("loopy-1")
     assert call["status"] == "unknown"
     assert ledger == []  # nothing was sent again
+
+
+async def test_a_tool_that_swallows_the_runs_cancellation_does_not_write_its_result(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """An async tool runs in the run's own task: fencing the run throws the cancellation
+    into the tool. One that swallows it and returns must not have its value journaled by
+    the fenced holder, whose lease the database still takes: the run stops there."""
+    swallowed: list[str] = []
+    inside = asyncio.Event()
+    flow = Flow("swallow", "1")
+
+    @flow.tool(safety="idempotent")
+    async def stubborn(ctx: Any) -> dict[str, Any]:
+        inside.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            swallowed.append(ctx.idempotency_key)
+            return {"swallowed": True}
+        return {"slept": True}
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return [] if history else [ToolCall("stubborn", {})]
+
+    await db.submit("sw-1", flow)
+    w1 = await start_worker(flow, worker_id="w1", lease_seconds=30.0)
+    await asyncio.wait_for(inside.wait(), timeout=15)  # the tool waits: it was dispatched
+    active = w1.worker.active["sw-1"]
+    w1.worker._fence(active, "fenced by the test")
+    assert active.task is not None
+    await eventually(active.task.done, what="the run's task ended")
+
+    assert swallowed == ["sw-1:0:c0"]
+    assert active.task.cancelled()
+    [call] = await db.calls("sw-1")
+    assert (call["status"], call["completed_by"], call["result"]) == ("dispatched", None, None)
+    assert await db.events("sw-1", "call_succeeded") == []
