@@ -35,6 +35,7 @@ from peers.report import render, summarize
 
 SYSTEMS = ("runledger", "absurd", "dbos")
 REF = "runledger-ref"  # --rl-ref: runledger from another checkout, beside this one
+SQL = "runledger-sql"  # runledger's statements from bare clients: the floor under the worker
 NEEDS = {"absurd": "absurd_sdk", "dbos": "dbos"}  # the [bench] extra
 
 
@@ -44,6 +45,10 @@ def make_side(name: str, args: argparse.Namespace) -> Side:
 
         ref = args.rl_ref if name == REF else None
         return Runledger(args.rl_workers, args.rl_concurrency, ref)
+    if name == SQL:
+        from peers.rl_sql_side import RunledgerSql
+
+        return RunledgerSql(args.sql_clients)
     if name == "absurd":
         from peers.absurd_side import AbsurdSide
 
@@ -97,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         help="another checkout (e.g. a git worktree of the previous release): its runledger "
         "runs as system runledger-ref right after this tree's, rep by rep",
     )
+    ap.add_argument(
+        "--sql-clients",
+        type=int,
+        default=8,
+        help=f"{SQL}'s bare clients in the throughput batch (8; 1 in the sequential one)",
+    )
     ap.add_argument("--sample-seconds", type=float, default=0.1, help="progress/CPU sampling")
     ap.add_argument("--pg-bin", type=Path, default=DEFAULT_BIN, help=f"default {DEFAULT_BIN}")
     args = ap.parse_args(argv)
@@ -106,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.rl_ref is not None and REF not in names:
         names.insert(names.index("runledger") + 1 if "runledger" in names else 0, REF)
     for n in names:
-        if n not in (*SYSTEMS, REF) or (n == REF and args.rl_ref is None):
-            ap.error(f"unknown system {n!r}; choose from {', '.join(SYSTEMS)}")
-    if args.reps < 1 or args.runs < 10 or args.seq_runs < 2:
-        ap.error("--reps >= 1, --runs >= 10 and --seq-runs >= 2")
+        if n not in (*SYSTEMS, REF, SQL) or (n == REF and args.rl_ref is None):
+            ap.error(f"unknown system {n!r}; choose from {', '.join((*SYSTEMS, SQL))}")
+    if args.reps < 1 or args.runs < 10 or args.seq_runs < 2 or args.sql_clients < 1:
+        ap.error("--reps >= 1, --runs >= 10, --seq-runs >= 2 and --sql-clients >= 1")
     missing = [m for n, m in NEEDS.items() if n in names and importlib.util.find_spec(m) is None]
     if missing:
         print(
