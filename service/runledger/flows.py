@@ -140,14 +140,6 @@ def tool_context() -> ToolContext:
         raise LookupError("runledger.tool_context() called outside a runledger tool call") from None
 
 
-def tool_context_copy(ctx: ToolContext) -> contextvars.Context:
-    """A copy of the current context in which :func:`tool_context` returns ``ctx``: what
-    a task started inside :func:`using_tool_context` would run in."""
-    context = contextvars.copy_context()
-    context.run(_TOOL_CONTEXT.set, ctx)
-    return context
-
-
 @contextlib.contextmanager
 def using_tool_context(ctx: ToolContext) -> Iterator[ToolContext]:
     """Make ``ctx`` what :func:`tool_context` returns inside the block (threads started
@@ -193,8 +185,6 @@ class Tool(Generic[F]):
         self.parallel = parallel  # None: the flow's parallel_calls decides
         self.approval = approval  # every call waits for a person before it is sent
         self.lookup_fn: LookupFn | None = None
-        # an async tool runs in the run's task (runledger.worker.calls), a plain def in a thread
-        self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
         if not params or params[0].kind not in (
@@ -482,15 +472,13 @@ async def invoke(
     kwargs: dict[str, Any] | None = None,
     *,
     timeout: float | None,
-    is_async: bool | None = None,
 ) -> Any:
-    """Run a sync (in a thread) or async function with an optional timeout. ``is_async``:
-    whether ``fn`` is a coroutine function, when the caller knows it already.
+    """Run a sync (in a thread) or async function with an optional timeout.
 
     Arguments travel as a tuple and a dict so that a tool's own parameters (``timeout``,
     ``fn``, ...) never collide with these."""
     kw = kwargs or {}
-    if inspect.iscoroutinefunction(fn) if is_async is None else is_async:
+    if inspect.iscoroutinefunction(fn):
         coro: Awaitable[Any] = fn(*args, **kw)
         if timeout is None:
             return await coro

@@ -178,9 +178,9 @@ async def test_a_crash_loop_with_a_call_in_flight_pauses_instead_of_failing(
 async def test_a_tool_that_swallows_the_runs_cancellation_does_not_write_its_result(
     db: Db, start_worker: StartWorker
 ) -> None:
-    """An async tool runs in the run's own task: fencing the run throws the cancellation
-    into the tool. One that swallows it and returns must not have its value journaled by
-    the fenced holder, whose lease the database still takes: the run stops there."""
+    """Fencing a run stops it at once and cancels its async tool. A tool that swallows
+    the cancellation and returns must not have its value journaled by the fenced holder,
+    whose lease the database would still take: the run stops there."""
     swallowed: list[str] = []
     inside = asyncio.Event()
     flow = Flow("swallow", "1")

@@ -10,21 +10,14 @@ settles to :class:`Settled` -- a paused run is a value, not an exception. Fencin
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from enum import Enum
 from typing import Any
 
 from runledger import errors
-from runledger.flows import (
-    Flow,
-    NotApplied,
-    Tool,
-    ToolContext,
-    invoke,
-    tool_context_copy,
-    using_tool_context,
-)
+from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke, using_tool_context
 from runledger.model import Approval, Call, CallStatus, Outcome, evolve
 from runledger.worker import recovery, tracing
 from runledger.worker.crash import CrashPoints
@@ -38,7 +31,6 @@ from runledger.worker.runs import (
     detached,
     error_of,
     jsonable,
-    stepped,
     unpack,
 )
 from runledger.worker.writes import Writes
@@ -242,11 +234,15 @@ class Calls:
         )
         ctx = self._tool_ctx(active, call, attempt)
         timeout = tool.timeout or self.limits.tool_timeout
+        # the task copies the context when it is created: runledger.tool_context() in the
+        # tool (and in its thread, for a plain def) is this call's, whatever happens here
+        with using_tool_context(ctx):
+            work, answer = detached(invoke(tool.fn, (ctx,), call.args, timeout=timeout))
         try:
-            if tool.is_async:
-                value = await self._inline(tool, ctx, call.args, timeout)
-            else:
-                value = await self._threaded(active, tool, call, ctx, timeout)
+            value = await answer
+        except asyncio.CancelledError:
+            self._abandon(active, tool, call, work)
+            raise
         except NotApplied as na:
             return (
                 attempt,
@@ -270,51 +266,6 @@ class Calls:
             )
         self.crash.hit("after_effect", tool.name)
         return attempt, evolve(sent, window=Window.RETURNED), unpack(value)
-
-    async def _inline(
-        self, tool: Tool[Any], ctx: ToolContext, args: dict[str, Any], timeout: float
-    ) -> Any:
-        """An async tool, awaited in the run's own task with a context of its own
-        (:func:`~runledger.worker.runs.stepped`): ``runledger.tool_context()`` in it is this
-        call's, and what it sets in context variables stays its own, as in a task of its
-        own, without the task's start and answer (two turns of the event loop per call).
-
-        A cancellation of the run (fenced locally) is thrown into the tool where it waits,
-        as cancelling its task did; should the tool swallow it (return, or raise something
-        else), the run is still cancelled here, as it was at once before."""
-        task = asyncio.current_task()
-        assert task is not None, "a run's calls are settled in the run's task"
-        before = task.cancelling()
-        work = invoke(tool.fn, (ctx,), args, timeout=timeout, is_async=True)
-        try:
-            value = await stepped(tool_context_copy(ctx), work)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            if task.cancelling() > before:
-                raise asyncio.CancelledError from exc
-            raise
-        if task.cancelling() > before:
-            raise asyncio.CancelledError
-        return value
-
-    async def _threaded(
-        self, active: ActiveRun, tool: Tool[Any], call: Call, ctx: ToolContext, timeout: float
-    ) -> Any:
-        """A plain ``def`` tool, in a thread, awaited through a task of its own: a thread
-        cannot be stopped, so a run fenced meanwhile stops waiting at once and the
-        thread's result is offered to the database when it comes (:meth:`_late_result`).
-        The task copies the context when it is created: ``runledger.tool_context()`` in
-        the thread is this call's, whatever happens here."""
-        with using_tool_context(ctx):
-            work, answer = detached(
-                invoke(tool.fn, (ctx,), call.args, timeout=timeout, is_async=False)
-            )
-        try:
-            return await answer
-        except asyncio.CancelledError:
-            self.writes.track(active, self._late_result(active, call, work))
-            raise
 
     async def _lookup(
         self, active: ActiveRun, tool: Tool[Any], call: Call, attempt: int, known: Known
@@ -354,6 +305,21 @@ class Calls:
             attempt=attempt,
             lease_deadline=lambda: active.deadline,
         )
+
+    def _abandon(
+        self, active: ActiveRun, tool: Tool[Any], call: Call, work: asyncio.Future[Any]
+    ) -> None:
+        """The run was fenced locally while its tool was running.
+
+        An async tool is cancelled. A plain ``def`` tool cannot be stopped (it runs in a
+        thread): when it returns, its result is offered to the database anyway, which
+        accepts it only if this lease is still current, and otherwise refuses it -- the
+        refusal is recorded as a ``stale_write_rejected`` event.
+        """
+        if inspect.iscoroutinefunction(tool.fn):
+            work.cancel()
+            return
+        self.writes.track(active, self._late_result(active, call, work))
 
     async def _late_result(self, active: ActiveRun, call: Call, work: asyncio.Future[Any]) -> None:
         try:

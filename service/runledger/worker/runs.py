@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import math
 import random
-import types
-from collections.abc import Coroutine, Generator, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -140,37 +138,6 @@ async def _answering(coro: Coroutine[Any, Any, T], answer: asyncio.Future[T]) ->
     if not answer.done():
         answer.set_result(value)
     return value
-
-
-@types.coroutine
-def stepped(context: contextvars.Context, coro: Coroutine[Any, Any, T]) -> Generator[Any, Any, T]:
-    """Await ``coro`` in the current task, each of its steps run inside ``context``: what
-    a task of its own gives it (its context variables are its own; what it sets stays in
-    ``context``), without the task, its answer and the turns of the event loop they take.
-    A coroutine that finishes without waiting (a tool that needs no I/O) is done at once.
-
-    What ``coro`` waits on, the current task waits on; a cancellation of the task is
-    thrown into ``coro`` where it waits, as into a task that is cancelled. Unlike a task
-    of its own, ``coro`` runs as the current task: ``asyncio.current_task()`` in it is
-    the caller's, and a cancellation ``coro`` swallows is the caller's to notice
-    (``Task.cancelling``)."""
-    send, throw = coro.send, coro.throw
-    step: Any = send
-    arg: Any = None
-    while True:
-        try:
-            waited = context.run(step, arg)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            arg = yield waited
-        except GeneratorExit:  # this wait was closed, never resumed: close coro too
-            context.run(coro.close)
-            raise
-        except BaseException as exc:  # thrown into coro where it waits, as a task does
-            step, arg = throw, exc
-        else:
-            step = send
 
 
 class Backoff:
