@@ -12,7 +12,7 @@ dispatch of the first), ``complete_call_v2`` twice (a result and the next call's
 dispatch), ``complete_call``; then ``finish_and_claim`` (the final decision and the next
 claim). Each is its own autocommit transaction, prepared once and sent through
 ``runledger.db.wire``, the worker's own path. When nothing is claimable it polls the
-claim every 5 ms, until SIGTERM.
+claim every 50 ms, until SIGTERM.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ async def main(url: str, client_id: str) -> None:
                 claim = rows[0] if rows else None
                 if claim is None:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=0.005)
+                        await asyncio.wait_for(stop.wait(), timeout=0.05)
                     continue
             claim = await _run(conn, claim, worker)
 
