@@ -7,7 +7,8 @@ The workload is an agent run of 3 turns x 3 no-op tool calls (9 calls), then an 
 decision; for Absurd a task of 9 ``ctx.step`` calls, for DBOS a workflow of 9
 ``@DBOS.step`` calls. Everything runs on one dedicated throwaway cluster with fsync on
 (local binaries, ``--pg-bin``), each system in its own fresh database per rep; the reps
-interleave the systems (rep 1: runledger, absurd, dbos; rep 2: ...). In each rep and
+interleave the systems (rep 1: runledger, absurd, dbos; rep 2: dbos, absurd, runledger;
+the order alternates so that no place in a rep favours a system). In each rep and
 for each system: ``--runs`` runs are submitted, then the workers start (throughput);
 then, on another fresh database, ``--seq-runs`` runs through 1 worker with concurrency 1
 (sequential latency). See bench/README.md for what each column measures.
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rl-ref",
         type=Path,
         help="another checkout (e.g. a git worktree of the previous release): its runledger "
-        "runs as system runledger-ref right after this tree's, rep by rep",
+        "runs as system runledger-ref next to this tree's, rep by rep",
     )
     ap.add_argument(
         "--sql-clients",
@@ -138,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             say(f"preparing {side.name} ...")
             side.prepare(cluster)
         for rep in range(1, args.reps + 1):
-            for side in sides:
+            # the order alternates by rep: a system's place in a rep (first after the
+            # previous rep's last, or right after another) favours none of them
+            for side in sides if rep % 2 else sides[::-1]:
                 say(f"rep {rep}/{args.reps}: {side.name}, {args.runs} runs ...")
                 batches.append(
                     measure(side, cluster, rep=rep, runs=args.runs, sequential=False,
