@@ -22,6 +22,7 @@ import pytest
 import pytest_asyncio
 
 from runledger.flows import Flow, ToolCall
+from runledger.worker import process
 from runledger.worker.crash import CrashPoints
 from runledger.worker.process import Worker, WorkerFailed
 from tests.integration.conftest import FAST, Db, Recorder, StartWorker, eventually
@@ -267,3 +268,53 @@ async def test_the_worker_registers_on_its_listener_session_and_again_after_reco
     await db.submit("reg-run", flow)
     done = await db.wait_status("reg-run", "succeeded", "failed", "paused")
     assert done["status"] == "succeeded"
+
+
+def _helper(name: str) -> asyncio.Task[Any]:
+    """The task of this loop's worker that runs ``Worker._guard(name, ...)``."""
+    for task in asyncio.all_tasks():
+        frame = getattr(task.get_coro(), "cr_frame", None)
+        guard = frame is not None and frame.f_code.co_name == "_guard"
+        if guard and frame.f_locals["name"] == name:
+            return task
+    raise AssertionError(f"no {name} task")
+
+
+@pytest.mark.parametrize(
+    ("helper", "statement"),
+    [("lease-keeper", "heartbeat_worker"), ("checkpointer", "checkpoint_events")],
+)
+async def test_a_helper_stops_when_cancelled_as_its_statement_returns(
+    start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, helper: str, statement: str
+) -> None:
+    """The lease keeper and the checkpointer loop until they are cancelled. On Python 3.11
+    ``asyncio.wait_for`` returns the result of an operation that completed as its task
+    was cancelled, swallowing the cancel: a helper that timed its statement with it went
+    on forever when the worker's stop cancelled it right as the statement came back (CI
+    saw a worker that did not stop). Here each statement cancels its helper as it
+    returns: the helper must end."""
+    monkeypatch.setattr(process, "CHECKPOINT_EVERY", 0.3)
+    flow = Flow("kept", "1")
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return []
+
+    w = await start_worker(flow, worker_id="helped", lease_seconds=0.9)  # keeper every 0.3 s
+    await w.started()
+    task = _helper(helper)
+    store = w.worker.store
+    assert store is not None
+    real = getattr(store, statement)
+    returned: list[bool] = []
+
+    async def cancels_the_helper(*args: Any, **kwargs: Any) -> Any:
+        value = await real(*args, **kwargs)
+        returned.append(True)
+        task.cancel()  # the stop's cancel, arriving as the statement completes
+        return value
+
+    monkeypatch.setattr(store, statement, cancels_the_helper)
+    done, _ = await asyncio.wait({task}, timeout=10)
+    assert task in done, f"{helper} went on after {len(returned)} cancelled statements"
+    assert task.cancelled() and returned == [True]

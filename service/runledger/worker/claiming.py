@@ -109,8 +109,11 @@ class Claiming:
                 await self._take(runs, sent, generation)
             if claimed and claimed == free:
                 continue  # there may be more waiting; go again at once
+            # a timeout scope, not wait_for, which on 3.11 can swallow this task's
+            # cancellation when the wake-up comes with it
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.poll_seconds)
+                async with asyncio.timeout(self.poll_seconds):
+                    await self.wake.wait()
 
     def next_claim(self, finishing: ActiveRun) -> NextClaim | None:
         """The claim to send with ``finishing``'s final decision, or None: only when it is

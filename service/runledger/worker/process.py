@@ -374,19 +374,21 @@ class Worker(Listening, Claiming):
             await asyncio.sleep(interval)
             held = list(self.active.values())
             sent = time.monotonic()
+            # asyncio.timeout, not wait_for: on 3.11, wait_for returns the result of a
+            # statement that completed as this task was cancelled, swallowing the cancel,
+            # and this loop ends only by its cancellation (the worker's stop would wait
+            # for it forever)
             try:
                 if held:
                     # a renewal stuck (a lock, a half-open connection) must not outlive
                     # the leases it is for; the watchdog fences meanwhile
-                    renewed = await asyncio.wait_for(
-                        self.store.renew_leases(
+                    async with asyncio.timeout(interval):
+                        renewed = await self.store.renew_leases(
                             self.worker_id,
                             [a.run_id for a in held],
                             [a.claim.lease_id for a in held],
                             self.lease,
-                        ),
-                        timeout=interval,
-                    )
+                        )
                     kept = {r.run_id for r in renewed}
                     self.metrics.renewed(len(kept))
                     for a in held:
@@ -394,7 +396,8 @@ class Worker(Listening, Claiming):
                             a.deadline = sent + self.lease_seconds - self.margin
                         elif self.active.get(a.run_id) is a:  # not one that just finished
                             self._fence(a, "lease not renewed")
-                await asyncio.wait_for(self.store.heartbeat_worker(self.worker_id), interval)
+                async with asyncio.timeout(interval):
+                    await self.store.heartbeat_worker(self.worker_id)
             except EXPECTED:  # the watchdog fences meanwhile; anything else is a bug
                 log.exception("lease renewal failed", extra={"worker_id": self.worker_id})
 
@@ -407,10 +410,10 @@ class Worker(Listening, Claiming):
         while True:
             await asyncio.sleep(CHECKPOINT_EVERY)
             try:
-                # a backlog's checkpoint (500,000 events at most) takes seconds
-                made = await asyncio.wait_for(
-                    self.store.checkpoint_events(self.worker_id, every), 6 * CHECKPOINT_EVERY
-                )
+                # a backlog's checkpoint (500,000 events at most) takes seconds; a timeout
+                # scope, not wait_for, as in _keeper: a cancellation is never swallowed
+                async with asyncio.timeout(6 * CHECKPOINT_EVERY):
+                    made = await self.store.checkpoint_events(self.worker_id, every)
             except EXPECTED:
                 log.warning(
                     "event checkpoint failed", exc_info=True, extra={"worker_id": self.worker_id}
