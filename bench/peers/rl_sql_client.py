@@ -89,7 +89,8 @@ async def main(url: str, client_id: str) -> None:
                 claim = rows[0] if rows else None
                 if claim is None:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=0.05)
+                        async with asyncio.timeout(0.05):
+                            await stop.wait()
                     continue
             claim = await _run(conn, claim, worker)
 

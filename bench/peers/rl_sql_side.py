@@ -14,14 +14,13 @@ class RunledgerSql(Runledger):
     (1 in the sequential batch) in place of the worker processes."""
 
     def __init__(self, clients: int) -> None:
-        super().__init__(workers=clients, concurrency=1)
+        super().__init__(workers=clients, concurrency=1)  # a client in a worker's place
         self.name = "runledger-sql"
-        self.clients = clients
 
     def setup(self, sequential: bool) -> str:
-        n = 1 if sequential else self.clients
+        n = 1 if sequential else self.workers
         return f"{n} bare client{'s' if n > 1 else ''}, the worker's statements, no worker"
 
     def start(self, url: str, sequential: bool, procs: Procs) -> None:
-        for i in range(1 if sequential else self.clients):
+        for i in range(1 if sequential else self.workers):
             procs.start([sys.executable, "-m", "peers.rl_sql_client", url, str(i)])
