@@ -90,6 +90,14 @@ class WorkerConflict(RunLedgerError):
     sqlstate = "RL008"
 
 
+class SenderActive(RunLedgerError):
+    """A call an earlier holder sent may still be on its way from that sender: it is not
+    sent again until the sender released it, its process is known gone, or its lease
+    expired by the database clock (revision 0031)."""
+
+    sqlstate = "RL009"
+
+
 class DatabaseUnavailable(RunLedgerError):
     """The database could not be reached (down, wrong host, role or database name)."""
 
@@ -113,6 +121,7 @@ REGISTRY: dict[str, type[RunLedgerError]] = {
         InvalidInput,
         InvariantViolation,
         WorkerConflict,
+        SenderActive,
     )
     if cls.sqlstate is not None
 }

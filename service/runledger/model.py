@@ -211,6 +211,23 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CallSender:
+    """Who sent a call that is in flight (``call_sender``, revision 0031), as its current
+    holder sees it before it recovers the call."""
+
+    sender: str | None  # the worker id that dispatched the current attempt
+    sender_token: int
+    attempt: int
+    dispatched_at: dt.datetime | None
+    # None: the sender can no longer be sending it; else until when it may be
+    until: dt.datetime | None
+    released: dict[str, Any] | None  # what the sender (or the holder) said when released
+    process: str | None  # the sender's worker's process as registered (workers.process)
+    registered_at: dt.datetime | None  # when that worker id last registered
+    now: dt.datetime  # the database clock when this was read
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Turn:
     """One recorded decision: its calls as recorded (``run_turns.calls``), the
     provider-native message (``record``) and, for the final one, its ``output``."""

@@ -376,6 +376,8 @@ WORKER_FUNCTIONS = {
     "finish_run",
     "release_lease",
     "report_stale_write",
+    "call_sender",  # revision 0031
+    "release_call",  # revision 0031
     "register_worker",
     "register_worker_v2",
     "heartbeat_listener",

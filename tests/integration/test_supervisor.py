@@ -211,10 +211,14 @@ async def test_an_unexpected_error_in_the_executor_releases_the_lease(
     assert event["detail"]["reason"] == "worker_error"
     assert event["detail"]["error"]["type"] == "RuntimeError"
     assert "database gone" in event["detail"]["error"]["message"]
-    # the call in flight was recovered by its safety class: same key, next attempt
-    assert rec.calls_of("act") == [("act", "sup-3:0:c0", 1, 1), ("act", "sup-3:0:c0", 2, 2)]
+    # the tool had returned: its send was released with its result (revision 0031), and
+    # the next holder journaled that result rather than send the call again
+    [told] = await db.events("sup-3", "send_released")
+    assert told["detail"]["ended"] == "returned" and told["detail"]["sender_token"] == 1
+    assert rec.calls_of("act") == [("act", "sup-3:0:c0", 1, 1)]
     [call] = await db.calls("sup-3")
-    assert (call["status"], call["attempts"], call["completed_token"]) == ("succeeded", 2, 2)
+    assert (call["status"], call["attempts"], call["completed_token"]) == ("succeeded", 1, 2)
+    assert call["result"] == told["detail"]["result"] == {"attempt": 1}
 
 
 # -- the registration lives on the listener's session ---------------------------------

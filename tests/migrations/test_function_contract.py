@@ -360,8 +360,42 @@ CONTRACT: list[Fn] = [
             ("p_pid", "integer"),
             ("p_flows", "text[]"),
             ("p_session_lock", "boolean"),
+            ("p_process", "text"),  # revision 0031: the worker's process, for its peers
         ],
         [("session_lock", "bigint"), ("session_pid", "integer")],
+        defaults=1,
+    ),
+    Fn(  # revision 0031: who sent a call in flight, until when it may be sending it
+        "call_sender",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_idempotency_key", "text"),
+        ],
+        [
+            ("sender", "text"),
+            ("sender_token", "bigint"),
+            ("attempt", "integer"),
+            ("dispatched_at", "timestamptz"),
+            ("until", "timestamptz"),
+            ("released", "jsonb"),
+            ("process", "text"),
+            ("registered_at", "timestamptz"),
+            ("now", "timestamptz"),
+        ],
+    ),
+    Fn(  # revision 0031: the end of a send, by its sender or (process gone) the holder
+        "release_call",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_idempotency_key", "text"),
+            ("p_worker_id", "text"),
+            ("p_detail", "jsonb"),
+        ],
+        "boolean",
     ),
     Fn(  # revision 0011: the listener's heartbeat
         "heartbeat_listener",
@@ -559,7 +593,8 @@ UNPINNED = {
     "runledger._prune_authorized()",
     "runledger._gone_sessions()",  # revision 0011
     "runledger._claim(text,text[],interval,integer,boolean)",  # revision 0020
-    "runledger._register_worker(text,text,integer,text[],bigint)",  # revision 0011
+    "runledger._register_worker(text,text,integer,text[],bigint,text)",  # revisions 0011, 0031
+    "runledger._sender_until(text,text,bigint,integer,timestamp with time zone)",  # 0031
     "runledger._event_hash(bytea,bigint,text,timestamp with time zone,text,text,bigint,bigint,"
     "jsonb)",  # revision 0016
     "runledger._checkpoint_digest(bytea,bigint,bigint,text)",  # revision 0016

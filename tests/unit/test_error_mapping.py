@@ -26,6 +26,7 @@ DESIGN_TABLE = {
     "RL006": errors.InvalidInput,
     "RL007": errors.InvariantViolation,
     "RL008": errors.WorkerConflict,
+    "RL009": errors.SenderActive,
 }
 
 

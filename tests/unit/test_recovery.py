@@ -19,6 +19,7 @@ import pytest
 from runledger.model import Approval, CallStatus, Outcome, Safety
 from runledger.worker.recovery import (
     AwaitApproval,
+    AwaitSender,
     Complete,
     Dispatch,
     Known,
@@ -216,6 +217,21 @@ TABLE: list[tuple[str, Known, Step]] = [
         "in flight, tool gone",
         k(Window.IN_FLIGHT, None),
         MarkUnknown({"reason": "tool act is not in this flow"}),
+    ),
+    # in flight from an earlier holder that may still be sending it (revision 0031)
+    ("sender active, idempotent", k(Window.IN_FLIGHT, IDEM, sender_active=True), AwaitSender()),
+    ("sender active, lookup", k(Window.IN_FLIGHT, LOOK, sender_active=True), AwaitSender()),
+    ("sender active, unsafe", k(Window.IN_FLIGHT, UNSAFE, sender_active=True), AwaitSender()),
+    ("sender active, read_only", k(Window.IN_FLIGHT, READ, sender_active=True), Dispatch()),
+    (
+        "sender active, tool gone",
+        k(Window.IN_FLIGHT, None, sender_active=True),
+        MarkUnknown({"reason": "tool act is not in this flow"}),
+    ),
+    (
+        "sender active, a lookup already said not found",
+        k(Window.IN_FLIGHT, LOOK, sender_active=True, looked_up=LookedUp.NOT_FOUND),
+        AwaitSender(),
     ),
     # certainly not applied
     (

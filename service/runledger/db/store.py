@@ -44,6 +44,7 @@ from runledger.db.results import (
 )
 from runledger.db.validate import check_int32, check_text, check_traceparent
 from runledger.model import (
+    CallSender,
     ClaimedRun,
     FinishStatus,
     IdempotencyKey,
@@ -360,6 +361,54 @@ class Store(FastPath):
             fields={"run_id": run_id},
         )
 
+    async def call_sender(
+        self, run_id: str, lease_id: uuid.UUID, fencing_token: int, idempotency_key: str
+    ) -> CallSender | None:
+        """Who sent the call in flight and until when it may still be sending it (None:
+        the call is not in flight)."""
+        check_text("idempotency key", idempotency_key)
+        rows = await self._read(
+            "SELECT * FROM runledger.call_sender(%s, %s, %s, %s)",
+            (run_id, lease_id, fencing_token, idempotency_key),
+            fields={"run_id": run_id, "fencing_token": fencing_token},
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return CallSender(
+            sender=r["sender"],
+            sender_token=int(r["sender_token"]),
+            attempt=int(r["attempt"]),
+            dispatched_at=r["dispatched_at"],
+            until=r["until"],
+            released=r["released"],
+            process=r["process"],
+            registered_at=r["registered_at"],
+            now=r["now"],
+        )
+
+    async def release_call(
+        self,
+        run_id: str,
+        lease_id: uuid.UUID,
+        fencing_token: int,
+        idempotency_key: str,
+        worker_id: str,
+        detail: dict[str, Any],
+    ) -> bool:
+        """Say that the send of the call's current attempt under this lease ended (its
+        sender), or that its sender's process is gone (the run's current holder); false
+        when the call is no longer in flight or its release is already written."""
+        check_text("idempotency key", idempotency_key)
+        check_text("worker id", worker_id)
+        detail_json = self._json("detail", detail, obj=True)
+        rows = await self._read(  # safe to repeat: a second release writes nothing
+            "SELECT runledger.release_call(%s, %s, %s, %s, %s, %s::jsonb) AS released",
+            (run_id, lease_id, fencing_token, idempotency_key, worker_id, detail_json),
+            fields={"run_id": run_id, "fencing_token": fencing_token},
+        )
+        return bool(rows[0]["released"])
+
     async def register_worker(
         self, worker_id: str, hostname: str, pid: int, flows: Sequence[str]
     ) -> None:
@@ -406,6 +455,7 @@ class Store(FastPath):
         flows: Sequence[str],
         *,
         session_lock: bool,
+        process: str | None = None,
     ) -> tuple[int | None, int]:
         """``register_worker_v2`` on ``conn`` (as :meth:`register_worker_on`); with
         ``session_lock`` the session takes a session-level advisory lock under a fresh key.
@@ -417,8 +467,8 @@ class Store(FastPath):
         try:
             cur = await conn.execute(
                 "SELECT session_lock, session_pid FROM runledger.register_worker_v2"
-                "(%s, %s, %s, %s::text[], %s)",
-                (worker_id, hostname, pid, list(flows), session_lock),
+                "(%s, %s, %s, %s::text[], %s, %s)",
+                (worker_id, hostname, pid, list(flows), session_lock, process),
             )
             row = await cur.fetchone()
         except psycopg.Error as exc:

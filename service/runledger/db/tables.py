@@ -246,6 +246,9 @@ workers: Final = Table(
     Column("session_started_at", _tstz(), nullable=True),
     # 0011: the key of the session lock the registering session holds (register_worker_v2)
     Column("session_lock", BigInteger, nullable=True),
+    # 0031: the worker's process as its host names it, for a peer on the same host to tell
+    # whether it is gone (runledger.worker.liveness); NULL: unknown
+    Column("process", Text, nullable=True),
     PrimaryKeyConstraint("worker_id"),
 )
 

@@ -4,7 +4,9 @@ Effects are keyed by idempotency key. It can deduplicate by key (an idempotent
 provider) or not (``dedupe=False`` per request, or ``idempotent=False`` for all),
 answer lookups ("did key K happen?"), refuse a request whose fencing token is lower
 than one already seen for the key, and inject faults: apply the effect then fail the
-response (the ambiguous case), fail before applying, hold a response at a gate.
+response (the ambiguous case), fail before applying, hold a response at a gate, and
+apply a request only ``arrival`` seconds after it came in (a request still on its way:
+a lookup made meanwhile finds nothing, and the effect lands later).
 
 A gate holds a call in flight. ``client.apply(key, kind, payload, token, gate="g1")``
 applies the effect and then holds its response until ``client.open_gate("g1")``;
@@ -56,6 +58,7 @@ class FakeProvider:
     fail_after_apply: int = 0
     fail_before_apply: int = 0
     latency: float = 0.0
+    arrival: float = 0.0  # s a request waits before it is applied (still on its way)
     effects: list[dict[str, Any]] = field(default_factory=list)
     max_token: dict[str, int] = field(default_factory=dict)
     gates: dict[str, threading.Event] = field(default_factory=dict)
@@ -70,6 +73,7 @@ class FakeProvider:
                 "fail_after_apply",
                 "fail_before_apply",
                 "latency",
+                "arrival",
             ):
                 if name in settings:
                     setattr(self, name, type(getattr(self, name))(settings[name]))
@@ -82,6 +86,7 @@ class FakeProvider:
             "fail_after_apply": self.fail_after_apply,
             "fail_before_apply": self.fail_before_apply,
             "latency": self.latency,
+            "arrival": self.arrival,
         }
 
     def reset(self) -> None:
@@ -94,7 +99,7 @@ class FakeProvider:
             self.held.clear()
             self.idempotent, self.check_tokens = True, False
             self.fail_after_apply = self.fail_before_apply = 0
-            self.latency = 0.0
+            self.latency = self.arrival = 0.0
 
     def gate(self, name: str) -> threading.Event:
         with self.lock:
@@ -125,6 +130,8 @@ class FakeProvider:
         if not key:
             return 400, {"error": "key is required"}
         token = int(req.get("token") or 0)
+        if self.arrival:
+            time.sleep(self.arrival)  # on its way: not applied, not found by a lookup yet
         with self.lock:
             if self.fail_before_apply > 0:
                 self.fail_before_apply -= 1

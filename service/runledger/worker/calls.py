@@ -21,6 +21,7 @@ from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke, using_t
 from runledger.model import Approval, Call, CallStatus, Outcome, evolve
 from runledger.worker import recovery, tracing
 from runledger.worker.crash import CrashPoints
+from runledger.worker.liveness import process_gone
 from runledger.worker.recovery import Known, LookedUp, Window
 from runledger.worker.runs import (
     ActiveRun,
@@ -57,6 +58,29 @@ def suspect(active: ActiveRun, call: Call) -> bool:
         and call.status is CallStatus.PLANNED
         and call.dispatched_by is None
     )
+
+
+def sent_earlier(active: ActiveRun, call: Call) -> bool:
+    """Whether the call is in flight from an earlier holder of the run, which may still be
+    sending it (docs/leases.md: a session that ended is no evidence that its process did)."""
+    return (
+        call.status is CallStatus.DISPATCHED
+        and call.dispatched_token is not None
+        and call.dispatched_token < active.claim.fencing_token
+    )
+
+
+def _ended(known: Known, in_hand: tuple[Any, dict[str, Any] | None]) -> dict[str, Any] | None:
+    """How this holder's send ended, as ``release_call`` says it, from the window it left."""
+    match known.window:
+        case Window.RETURNED:
+            result, receipt = in_hand
+            return {"ended": "returned", "result": jsonable(result), "receipt": receipt}
+        case Window.AMBIGUOUS:
+            return {"ended": "raised", "error": known.error}
+        case Window.NOT_APPLIED:
+            return {"ended": "not_applied", "reason": known.reason}
+    return None
 
 
 def check_deadline(active: ActiveRun) -> None:
@@ -108,6 +132,7 @@ class Calls:
             attempts=call.attempts,
             suspect=doubted,
             failover=doubted or call.dispatched_by == "failover",
+            sender_active=sent_earlier(active, call),
         )
         if known.window is Window.IN_FLIGHT:
             log.info(
@@ -123,71 +148,98 @@ class Calls:
         in_hand: tuple[Any, dict[str, Any] | None] = (None, None)  # result, receipt
         sends = Backoff(self.limits)
         asks = Backoff(self.limits)
-        while True:
-            step = recovery.next_step(known)
-            if dispatched is not None and step != recovery.Dispatch(backoff=False):
-                raise AssertionError(f"{call.idempotency_key} was dispatched, next is {step}")
-            match step:
-                case recovery.Reuse():
-                    return Settled.DONE, None
-                case recovery.Pause():
-                    return Settled.PAUSED, None
-                case recovery.AwaitApproval():
-                    return Settled.AWAITING_APPROVAL, None
-                case recovery.ToolMissing():
-                    return Settled.TOOL_MISSING, None
-                case recovery.MarkUnknown(error=error):
-                    await self.writes.complete(active, call, Outcome.UNKNOWN, error, None)
-                    return Settled.PAUSED, None
-                case recovery.Complete(outcome=outcome, error=error):
-                    final = outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
-                    nxt = self._next_to_send(active, flow, next_call) if final else None
-                    if nxt is not None:
-                        # the next call's dispatch commits with this result: from here on
-                        # it is before that dispatch, as in the separate writes
-                        self.crash.hit("before_dispatch", nxt.tool)
-                    if outcome is Outcome.SUCCEEDED:
-                        result, receipt = in_hand
+        # how this holder's own send of the call ended, while that is not journaled yet:
+        # if the run is lost meanwhile, the next holder is told (release_call) rather than
+        # wait for this lease to expire
+        ended: list[dict[str, Any] | None] = [None]
+        try:
+            while True:
+                step = recovery.next_step(known)
+                if dispatched is not None and step != recovery.Dispatch(backoff=False):
+                    raise AssertionError(f"{call.idempotency_key} was dispatched, next is {step}")
+                match step:
+                    case recovery.Reuse():
+                        return Settled.DONE, None
+                    case recovery.Pause():
+                        return Settled.PAUSED, None
+                    case recovery.AwaitApproval():
+                        return Settled.AWAITING_APPROVAL, None
+                    case recovery.ToolMissing():
+                        return Settled.TOOL_MISSING, None
+                    case recovery.MarkUnknown(error=error):
+                        await self.writes.complete(active, call, Outcome.UNKNOWN, error, None)
+                        return Settled.PAUSED, None
+                    case recovery.Complete(outcome=outcome, error=error):
+                        final = outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
+                        nxt = self._next_to_send(active, flow, next_call) if final else None
+                        if nxt is not None:
+                            # the next call's dispatch commits with this result: from here on
+                            # it is before that dispatch, as in the separate writes
+                            self.crash.hit("before_dispatch", nxt.tool)
+                        if outcome is Outcome.SUCCEEDED:
+                            result, receipt = in_hand
+                            sent = await self.writes.complete(
+                                active, call, outcome, result, receipt, next_call=nxt
+                            )
+                            if known.window is Window.RETURNED:
+                                assert tool is not None
+                                self.crash.hit("after_complete", tool.name)
+                            return Settled.DONE, sent
                         sent = await self.writes.complete(
-                            active, call, outcome, result, receipt, next_call=nxt
+                            active, call, outcome, error, None, next_call=nxt
                         )
-                        if known.window is Window.RETURNED:
-                            assert tool is not None
-                            self.crash.hit("after_complete", tool.name)
+                        ended[0] = None
+                        if outcome is Outcome.NOT_APPLIED:  # back to planned, same key
+                            known = evolve(known, window=Window.PLANNED)
+                            continue
                         return Settled.DONE, sent
-                    sent = await self.writes.complete(
-                        active, call, outcome, error, None, next_call=nxt
-                    )
-                    if outcome is Outcome.NOT_APPLIED:  # back to planned, same key
-                        known = evolve(known, window=Window.PLANNED)
-                        continue
-                    return Settled.DONE, sent
-                case recovery.Probe():
-                    # dispatched, not sent: recovered as a call found in flight
-                    check_boundary(active)
-                    log.info(
-                        "call may have been sent before a failover: recovering it",
-                        extra={"run_id": active.run_id, "key": call.idempotency_key},
-                    )
-                    attempt = await self.writes.dispatch(
-                        active, call, attempts_seen=known.attempts + known.tries
-                    )
-                    known = evolve(known, window=Window.IN_FLIGHT, suspect=False, attempts=attempt)
-                case recovery.Lookup(backoff=wait):
-                    assert tool is not None
-                    if wait:
-                        await asks.sleep()
-                    else:
-                        asks = Backoff(self.limits)
-                    known, in_hand = await self._lookup(active, tool, call, attempt, known)
-                case recovery.Dispatch(backoff=wait):
-                    assert tool is not None
-                    if wait:
-                        await sends.sleep()
-                    attempt, known, in_hand = await self._send(
-                        active, tool, call, known, dispatched
-                    )
-                    dispatched = None
+                    case recovery.Probe():
+                        # dispatched, not sent: recovered as a call found in flight
+                        check_boundary(active)
+                        log.info(
+                            "call may have been sent before a failover: recovering it",
+                            extra={"run_id": active.run_id, "key": call.idempotency_key},
+                        )
+                        attempt = await self.writes.dispatch(
+                            active, call, attempts_seen=known.attempts + known.tries
+                        )
+                        known = evolve(
+                            known, window=Window.IN_FLIGHT, suspect=False, attempts=attempt
+                        )
+                    case recovery.AwaitSender():
+                        known, in_hand = await self._await_sender(active, call, known)
+                    case recovery.Lookup(backoff=wait):
+                        assert tool is not None
+                        if wait:
+                            await asks.sleep()
+                        else:
+                            asks = Backoff(self.limits)
+                        known, in_hand = await self._lookup(active, tool, call, attempt, known)
+                    case recovery.Dispatch(backoff=wait):
+                        assert tool is not None
+                        if wait:
+                            await sends.sleep()
+                        try:
+                            attempt, known, in_hand = await self._send(
+                                active, tool, call, known, dispatched, ended
+                            )
+                        except errors.SenderActive:
+                            # the database found the earlier sender still on its way (a
+                            # lookup made before proves nothing): wait for it, then ask
+                            known = evolve(known, sender_active=True, looked_up=LookedUp.NOT_ASKED)
+                            continue
+                        dispatched = None
+                        ended[0] = _ended(known, in_hand)
+        except Exception:
+            # the lease was refused, or the worker hit an error and hands the run back:
+            # told before it does, so the next holder finds the release (with the result)
+            if ended[0] is not None:
+                await self._release(active, call, ended[0])
+            raise
+        except BaseException:  # cancelled (fenced locally): not held up by the release
+            if ended[0] is not None:
+                self.writes.track(active, self._release(active, call, ended[0]), busy=False)
+            raise
 
     def _next_to_send(self, active: ActiveRun, flow: Flow, call: Call | None) -> Call | None:
         """``call``, if its first step is a plain send (planned, needing no approval, a
@@ -209,9 +261,12 @@ class Calls:
         call: Call,
         known: Known,
         dispatched: int | None = None,
+        ended: list[dict[str, Any] | None] | None = None,
     ) -> tuple[int, Known, tuple[Any, dict[str, Any] | None]]:
         """``dispatch_call`` (committed before the tool runs), then invoke the tool. With
-        ``dispatched`` the dispatch committed already (with the previous call's result)."""
+        ``dispatched`` the dispatch committed already (with the previous call's result).
+        ``ended``: how the previous send ended, cleared once this one is dispatched (from
+        then on it is this send that is in flight)."""
         c = active.claim
         if dispatched is None:
             check_boundary(active)
@@ -222,6 +277,8 @@ class Calls:
             )
         else:
             attempt = dispatched
+        if ended is not None:
+            ended[0] = None
         self.crash.hit("after_dispatch", tool.name)
         check_deadline(active)  # no call starts after the local deadline
         sent = evolve(
@@ -315,21 +372,146 @@ class Calls:
         thread): when it returns, its result is offered to the database anyway, which
         accepts it only if this lease is still current, and otherwise refuses it -- the
         refusal is recorded as a ``stale_write_rejected`` event.
+
+        Either way, once the tool has ended, the send's end is released to the run's next
+        holder (``release_call``), which waits for it before it looks the call up or sends
+        it again: until then this process may still be sending it.
         """
         if inspect.iscoroutinefunction(tool.fn):
             work.cancel()
+            self.writes.track(active, self._cancelled(active, call, work), busy=False)
             return
         self.writes.track(active, self._late_result(active, call, work))
+
+    async def _cancelled(self, active: ActiveRun, call: Call, work: asyncio.Future[Any]) -> None:
+        """The cancelled async tool has unwound: it is sending nothing any more."""
+        await asyncio.wait({work})
+        failure = None if work.cancelled() else work.exception()
+        if work.cancelled():
+            ended: dict[str, Any] = {"ended": "cancelled"}
+        elif isinstance(failure, NotApplied):
+            ended = {"ended": "not_applied", "reason": failure.reason}
+        elif failure is not None:
+            ended = {"ended": "raised", "error": error_of(failure)}
+        else:  # it returned before the cancellation reached it
+            result, receipt = unpack(work.result())
+            ended = {"ended": "returned", "result": jsonable(result), "receipt": receipt}
+        await self._release(active, call, ended)
 
     async def _late_result(self, active: ActiveRun, call: Call, work: asyncio.Future[Any]) -> None:
         try:
             value = await work
-        except BaseException:
-            return  # ambiguous or cancelled: the next holder recovers the call
+        except NotApplied as na:
+            await self._release(active, call, {"ended": "not_applied", "reason": na.reason})
+            return
+        except Exception as exc:  # ambiguous: the next holder recovers the call
+            await self._release(active, call, {"ended": "raised", "error": error_of(exc)})
+            return
         result, receipt = unpack(value)
         try:
             await self.writes.complete(active, call, Outcome.SUCCEEDED, result, receipt)
         except errors.LeaseLost as exc:
             await self.writes.report_stale(active, exc)
+            returned = {"ended": "returned", "result": jsonable(result), "receipt": receipt}
+            await self._release(active, call, returned)
         except Exception:
             log.exception("late result not recorded", extra={"run_id": active.run_id})
+            await self._release(active, call, {"ended": "returned"})
+
+    async def _release(self, active: ActiveRun, call: Call, ended: dict[str, Any]) -> None:
+        """Tell the run's next holder that this holder's send of ``call`` has ended (and,
+        when it returned, with what), so that it need not wait for this lease to expire.
+        Nothing is written when the call's outcome was journaled meanwhile."""
+        c = active.claim
+        release = self.writes.store.release_call
+        args = (c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, self.writes.worker_id)
+        try:
+            try:
+                told = await release(*args, ended)
+            except errors.InvalidInput:  # the result is over the payload cap: without it
+                told = await release(*args, {"ended": ended["ended"]})
+        except Exception as exc:  # the next holder waits for this lease to expire instead
+            log.info(
+                "the end of a send not released: %r",
+                exc,
+                extra={"run_id": c.run_id, "key": call.idempotency_key},
+            )
+            return
+        if told:
+            log.info(
+                "call released to the run's next holder",
+                extra={
+                    "run_id": c.run_id,
+                    "key": call.idempotency_key,
+                    "fencing_token": c.fencing_token,
+                    "ended": ended["ended"],
+                },
+            )
+
+    async def _await_sender(
+        self, active: ActiveRun, call: Call, known: Known
+    ) -> tuple[Known, tuple[Any, dict[str, Any] | None]]:
+        """Wait until the call's earlier sender can no longer be sending it: it released
+        the call, its process is found gone on this host, or its lease expires by the
+        database clock. A release with the tool's result is journaled as that result;
+        otherwise the call is recovered as in flight, from a fresh lookup."""
+        c = active.claim
+        store = self.writes.store
+        delay, waited = 0.02, False
+        while True:
+            check_boundary(active)
+            seen = await store.call_sender(
+                c.run_id, c.lease_id, c.fencing_token, call.idempotency_key
+            )
+            if seen is None:  # no longer in flight: not reached while this lease holds
+                return evolve(known, sender_active=False), (None, None)
+            if seen.until is None:
+                released = seen.released or {}
+                log.info(
+                    "the call's earlier sender is done with it",
+                    extra={
+                        "run_id": c.run_id,
+                        "key": call.idempotency_key,
+                        "ended": released.get("ended", "its lease expired"),
+                    },
+                )
+                fresh = evolve(known, sender_active=False, looked_up=LookedUp.NOT_ASKED)
+                if released.get("ended") == "returned" and "result" in released:
+                    receipt = released.get("receipt")
+                    return evolve(fresh, window=Window.RETURNED), (
+                        released["result"],
+                        receipt if isinstance(receipt, dict) else None,
+                    )
+                return fresh, (None, None)
+            if (
+                seen.process is not None
+                and seen.registered_at is not None
+                and seen.dispatched_at is not None
+                and seen.registered_at <= seen.dispatched_at  # the process that sent it
+                and process_gone(seen.process)
+            ):
+                gone = {"ended": "process_gone", "process": seen.process}
+                await store.release_call(
+                    c.run_id,
+                    c.lease_id,
+                    c.fencing_token,
+                    call.idempotency_key,
+                    self.writes.worker_id,
+                    gone,
+                )
+                continue
+            if not waited:
+                waited = True
+                log.info(
+                    "waiting for the call's earlier sender",
+                    extra={
+                        "run_id": c.run_id,
+                        "key": call.idempotency_key,
+                        "sender": seen.sender,
+                        "sender_token": seen.sender_token,
+                        "until": seen.until.isoformat(),
+                    },
+                )
+            left = (seen.until - seen.now).total_seconds()
+            await asyncio.sleep(max(0.0, min(delay, left)))
+            delay = min(delay * 2, 0.5)

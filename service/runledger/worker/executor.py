@@ -268,6 +268,7 @@ class Executor:
             first = self._sent_with_decision(active, flow, next_turn, payload)
             # the final decision of the worker's one run also claims its next runs
             request = self.claims.next_claim(active) if finish and self.claims else None
+            active.ending = finish
             try:
                 if request is not None:
                     written = self._finish_and_claim(active, next_turn, decision, request)

@@ -41,6 +41,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from runledger.db.store import Store
+from runledger.worker.liveness import process_identity
 
 log = logging.getLogger(__name__)
 
@@ -166,15 +167,22 @@ async def open_session(
         if session_locks:
             await _set_server_timeouts(conn)
             untrusted = await untrusted_because(conn)
+        process = process_identity(pid)  # for a peer on this host to tell it gone
         key, backend = await store.register_worker_v2_on(
-            conn, worker_id, hostname, pid, flows, session_lock=untrusted is None
+            conn,
+            worker_id,
+            hostname,
+            pid,
+            flows,
+            session_lock=untrusted is None,
+            process=process,
         )
         if key is not None:
             again, _ = await _backend(conn)
             if again != backend:  # the lock went to another backend: register without
                 untrusted = f"the backend changed after registering ({backend}, then {again})"
                 key, backend = await store.register_worker_v2_on(
-                    conn, worker_id, hostname, pid, flows, session_lock=False
+                    conn, worker_id, hostname, pid, flows, session_lock=False, process=process
                 )
         vouched_at = time.monotonic()
         await conn.execute(f"LISTEN {CHANNEL}")

@@ -394,7 +394,9 @@ class Worker(Listening, Claiming):
                     for a in held:
                         if a.run_id in kept:
                             a.deadline = sent + self.lease_seconds - self.margin
-                        elif self.active.get(a.run_id) is a:  # not one that just finished
+                        elif self.active.get(a.run_id) is a and not a.ending:
+                            # not one that just finished (its task is still unwinding), nor
+                            # one whose final write is on its way
                             self._fence(a, "lease not renewed")
                 async with asyncio.timeout(interval):
                     await self.store.heartbeat_worker(self.worker_id)

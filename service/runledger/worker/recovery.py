@@ -9,6 +9,9 @@
 | ``in_flight``: sent, no response     | ``lookup`` asks; ``idempotent`` sends again with   |
 |   (found ``dispatched`` on recovery) | the same key; ``read_only`` reruns; ``unsafe``    |
 |                                      | cannot know: ``unknown`` and the run pauses       |
+| ``in_flight``, and its earlier       | wait for it (``read_only`` excepted): it releases  |
+|   sender may still be sending it     | the call (with its result, if it got one), its    |
+|   (``sender_active``)                | process is found gone, or its lease expires       |
 | ``ambiguous``: the tool raised or    | like in flight, within ``max_attempts``; once     |
 |   timed out                          | exhausted ``idempotent`` is ``unknown``, the      |
 |                                      | others (no effect) fail                           |
@@ -34,6 +37,7 @@ from runledger.model import Approval, CallStatus, Outcome, Safety
 
 __all__ = [
     "AwaitApproval",
+    "AwaitSender",
     "Complete",
     "Dispatch",
     "Known",
@@ -107,6 +111,9 @@ class Known:
     suspect: bool = False
     # the call is suspect, or the failover marked it dispatched: says so when it pauses
     failover: bool = False
+    # in flight from an earlier holder that may still be sending it: a lookup cannot see
+    # a request still on its way, and a second send may land beside it (docs/leases.md)
+    sender_active: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +127,13 @@ class Dispatch:
 class Probe:
     """``dispatch_call`` without invoking the tool: the call may have been sent on a
     timeline a failover lost, so from here on it is recovered as in flight."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitSender:
+    """Wait until the call's earlier sender can no longer be sending it: it released the
+    call, its process is found gone, or its lease expired by the database clock. Then
+    the call is recovered as in flight, or journaled with the result its sender got."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +182,16 @@ class ToolMissing:
 
 
 Step = (
-    Dispatch | Probe | Lookup | Complete | MarkUnknown | Pause | AwaitApproval | Reuse | ToolMissing
+    Dispatch
+    | Probe
+    | AwaitSender
+    | Lookup
+    | Complete
+    | MarkUnknown
+    | Pause
+    | AwaitApproval
+    | Reuse
+    | ToolMissing
 )
 
 
@@ -205,6 +228,8 @@ def _in_flight(k: Known) -> Step:
     """Sent by an earlier holder, no response journaled: the effect may exist."""
     if k.safety is None:
         return MarkUnknown({"reason": f"tool {k.tool} is not in this flow"})
+    if k.sender_active and k.safety is not Safety.READ_ONLY:
+        return AwaitSender()
     if k.safety is Safety.UNSAFE:
         why = "in flight when its worker stopped; unsafe to repeat"
         if k.failover:

@@ -62,6 +62,9 @@ class ActiveRun:
     deadline: float
     vouch: Vouch = field(default_factory=Vouch, repr=False)  # the listener's, shared
     draining: bool = False
+    # a write that ends the lease (the final decision, finish_run, a release) is on its
+    # way or done: a renewal that no longer finds the run is its end, not a lost lease
+    ending: bool = False
     operation: str = "claim"
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     loaded: ClaimedJournal | None = field(default=None, repr=False)

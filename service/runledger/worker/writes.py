@@ -264,6 +264,7 @@ class Writes:
         self, active: ActiveRun, status: FinishStatus, result: Any, reason: str | None
     ) -> None:
         c = active.claim
+        active.ending = True
         await self.write(
             active,
             "finish_run",
@@ -300,6 +301,7 @@ class Writes:
         """Hand the run back (queued); ``reason``/``error`` go into its ``lease_released``
         event. A refusal (the lease is gone already) is recorded, not raised."""
         c = active.claim
+        active.ending = True
         try:
             await self.store.release_lease(
                 c.run_id, c.lease_id, c.fencing_token, reason=reason, error=error
@@ -338,10 +340,12 @@ class Writes:
 
     # -- background work of a fenced run -----------------------------------------------
 
-    def track(self, active: ActiveRun, aw: Awaitable[Any]) -> None:
-        """Keep a background task of this run (a tool thread's result, a write in flight)."""
+    def track(self, active: ActiveRun, aw: Awaitable[Any], *, busy: bool = True) -> None:
+        """Keep a background task of this run (a tool thread's result, a write in flight).
+        ``busy=False``: one that need not hold the lease back (:meth:`busy` leaves it out),
+        such as the release of a send that has ended."""
         task = asyncio.ensure_future(aw)
-        task.set_name(f"late:{active.run_id}")
+        task.set_name(f"late:{active.run_id}" if busy else f"told:{active.run_id}")
         self._late.add(task)
         task.add_done_callback(self._late.discard)
 

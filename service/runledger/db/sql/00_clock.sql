@@ -27,8 +27,9 @@
 --                    _gone_sessions (session locks), claim_runs, claim_runs_v2,
 --                    claim_runs_v3, claim_runs_v4, renew_leases, release_lease (3 and 5 arguments); worker registry:
 --                    register_worker, register_worker_v2, heartbeat_listener,
---                    heartbeat_worker, report_stale_write; the timeline the schema is
---                    installed on
+--                    heartbeat_worker, report_stale_write; senders of calls in flight:
+--                    _sender_until, call_sender, release_call (0031); the timeline the
+--                    schema is installed on
 --   04_journal.sql   checkpoint, record_turn, record_turn_v2, record_turn_v3, dispatch_call,
 --                    complete_call, complete_call_v2, complete_calls, finish_run
 --   05_operator.sql  resolve_call; approve_call, deny_call (human approval); cancel_run,

@@ -354,6 +354,10 @@ CREATE TABLE runledger.workers (
     -- revision 0011: the key of the session-level advisory lock the registering session
     -- holds (register_worker_v2), minted for that session; NULL: none
     session_lock bigint,
+    -- revision 0031: the worker's process as its host names it, for a peer on the same
+    -- host to tell whether that process is gone (runledger.worker.liveness); NULL: unknown
+    -- (registered without it), and then its death is never certain
+    process text,
     CONSTRAINT pk_workers PRIMARY KEY (worker_id)
 );
 

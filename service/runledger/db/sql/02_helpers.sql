@@ -609,6 +609,8 @@ DECLARE
     v_tool text;
     v_attempt integer;
     v_previous text;
+    v_sender bigint;
+    v_until timestamptz;
 BEGIN
     UPDATE runledger.run_calls x
     SET status = 'dispatched', attempts = x.attempts + 1, dispatched_token = p_fencing_token,
@@ -617,7 +619,8 @@ BEGIN
     WHERE x.idempotency_key = p_key AND o.idempotency_key = p_key
       AND x.run_id IS NOT DISTINCT FROM p_run_id
       AND x.status IN ('planned', 'dispatched') AND x.approval IS DISTINCT FROM 'pending'
-    RETURNING x.tool, x.attempts, o.status INTO v_tool, v_attempt, v_previous;
+    RETURNING x.tool, x.attempts, o.status, o.dispatched_token
+    INTO v_tool, v_attempt, v_previous, v_sender;
     IF NOT FOUND THEN
         c := runledger._lock_call(p_run_id, p_key);
         IF c.status NOT IN ('planned', 'dispatched') THEN
@@ -647,6 +650,21 @@ BEGIN
         v_tool := c.tool;
         v_attempt := c.attempts + 1;
         v_previous := c.status;
+        v_sender := c.dispatched_token;
+    END IF;
+    -- Revision 0031: a call an earlier holder sent, with no answer journaled, is sent
+    -- again only once that sender can no longer be sending it (runledger._sender_until);
+    -- the refusal undoes the UPDATE above.
+    IF v_previous = 'dispatched' AND v_sender < p_fencing_token THEN
+        v_until := runledger._sender_until(p_run_id, p_key, v_sender, v_attempt - 1, p_now);
+        IF v_until IS NOT NULL THEN
+            PERFORM runledger._raise('RL009',
+                format('call %s may still be on its way from its earlier sender', p_key),
+                format('attempt %s was sent under token %s, whose lease runs until %s; '
+                       'the sender has not said that its send ended', v_attempt - 1, v_sender,
+                       v_until),
+                'wait until then, or until the sender releases it (runledger.release_call)');
+        END IF;
     END IF;
     PERFORM runledger._event(p_run_id, 'call_dispatched', p_owner, p_fencing_token,
         p_state_version, jsonb_build_object('idempotency_key', p_key, 'tool', v_tool,

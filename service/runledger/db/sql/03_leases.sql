@@ -694,6 +694,202 @@ BEGIN
 END
 $$;
 
+-- -- senders of calls in flight (revision 0031) -------------------------------------------
+--
+-- A run may be taken over while its lease still runs: its holder's listener session
+-- ended (claim_runs, session locks). A session that ended is no evidence that the process
+-- is dead: an operator's pg_terminate_backend, a proxy's failover, a reset connection end
+-- the session of a live worker whose call may still be on its way to the provider, where
+-- a lookup cannot see it yet. So a call that an earlier holder sent, with no answer
+-- journaled, is looked up or sent again only once that sender can no longer be sending
+-- it (docs/leases.md):
+--   - the sender said that its send ended (release_call, by the sender), or the current
+--     holder found the sender's process gone (release_call, by the holder, with the
+--     evidence); each is a 'send_released' event of the run;
+--   - or the sender's lease has expired by the database clock: the lease the claim that
+--     ended it had seen ('previous_lease_expires_at' of that 'takeover' event). A worker
+--     sends nothing once its lease's local deadline has passed, and cancels its running
+--     async tools there.
+-- _sender_until: NULL when one of these holds; else the time until which the sender of
+-- attempt p_attempt of call p_key, sent under token p_token, may still be sending it.
+CREATE FUNCTION runledger._sender_until(p_run_id text, p_key text, p_token bigint,
+                                        p_attempt integer, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_kind text;
+    v_detail jsonb;
+    v_until timestamptz;
+BEGIN
+    IF EXISTS (SELECT 1 FROM runledger.run_events e
+               WHERE e.run_id = p_run_id AND e.kind = 'send_released'
+                 AND e.detail ->> 'idempotency_key' = p_key
+                 AND e.detail ->> 'attempt' = p_attempt::text) THEN
+        RETURN NULL;
+    END IF;
+    -- the claim that ended the sender's lease: the first one with a greater token
+    SELECT e.kind, e.detail INTO v_kind, v_detail FROM runledger.run_events e
+    WHERE e.run_id = p_run_id AND e.kind IN ('claimed', 'takeover')
+      AND e.fencing_token > p_token
+    ORDER BY e.event_id LIMIT 1;
+    -- 'claimed': the run was queued again by its holder (released, paused) or by an
+    -- operator, not taken from a lease that still ran
+    IF v_kind IS DISTINCT FROM 'takeover' THEN
+        RETURN NULL;
+    END IF;
+    v_until := (v_detail ->> 'previous_lease_expires_at')::timestamptz;
+    IF v_until IS NULL OR v_until <= p_now THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_until;
+END
+$$;
+
+-- Who sent a call that is in flight, for the run's current holder before it recovers the
+-- call: the sender (worker id, token, the attempt), until when it may still be sending
+-- (NULL: it can no longer be; see _sender_until), what it said when it released the call
+-- (the 'send_released' event's detail, or NULL), and the sender's process as its worker
+-- registered it with the time of that registration (workers.process, started_at), for a
+-- peer on the same host to check. One row; none for a call that is not dispatched.
+CREATE FUNCTION runledger.call_sender(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                      p_idempotency_key text)
+RETURNS TABLE (sender text, sender_token bigint, attempt integer, dispatched_at timestamptz,
+               until timestamptz, released jsonb, process text, registered_at timestamptz,
+               now timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_lock record;
+    c runledger.run_calls;
+BEGIN
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.status <> 'dispatched' THEN
+        RETURN;
+    END IF;
+    sender := c.dispatched_by;
+    sender_token := c.dispatched_token;
+    attempt := c.attempts;
+    dispatched_at := c.dispatched_at;
+    now := v_lock.at;
+    IF c.dispatched_token < p_fencing_token THEN
+        until := runledger._sender_until(p_run_id, p_idempotency_key, c.dispatched_token,
+                                         c.attempts, v_lock.at);
+    END IF;
+    SELECT e.detail INTO released FROM runledger.run_events e
+    WHERE e.run_id = p_run_id AND e.kind = 'send_released'
+      AND e.detail ->> 'idempotency_key' = p_idempotency_key
+      AND e.detail ->> 'attempt' = c.attempts::text
+    ORDER BY e.event_id LIMIT 1;
+    SELECT w.process, w.started_at INTO process, registered_at
+    FROM runledger.workers w WHERE w.worker_id = c.dispatched_by;
+    RETURN NEXT;
+END
+$$;
+
+-- The end of a send, said by one of two callers (revision 0031):
+--   - its sender: the worker that dispatched the call's current attempt under
+--     (p_lease_id, p_fencing_token), whether or not it still holds the run (it was taken
+--     over, or it fenced itself), once its tool has returned, raised or been cancelled.
+--     The lease is that of the claim that granted the token (its 'claimed' or 'takeover'
+--     event). p_detail says how the send ended: 'ended' ('returned', 'raised',
+--     'not_applied', 'cancelled') and, when it returned, its 'result' and 'receipt'
+--     (the next holder journals them instead of asking the provider again);
+--   - the run's current holder (its current, unexpired lease), for a call an earlier
+--     holder sent, when it has found that sender's process gone: p_detail carries the
+--     evidence ('ended': 'process_gone', 'process': what was checked).
+-- Writes a 'send_released' event; true. False, writing nothing, when the call is no
+-- longer in flight under that attempt, or its release is already written.
+-- Refuses: RL006 (bad arguments, p_detail not an object or without 'ended'), RL003 (no
+-- such run or call), RL001 (the lease is neither the sender's nor the run's current one).
+CREATE FUNCTION runledger.release_call(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                       p_idempotency_key text, p_worker_id text,
+                                       p_detail jsonb)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    c runledger.run_calls;
+    v_now timestamptz;
+    v_by text;
+BEGIN
+    PERFORM runledger._check_worker_id(p_worker_id);
+    PERFORM runledger._check_json_object('detail', p_detail);
+    IF NOT (p_detail ? 'ended') OR jsonb_typeof(p_detail -> 'ended') <> 'string'
+       OR NOT (p_detail ->> 'ended' = ANY (ARRAY['returned', 'raised', 'not_applied',
+                                                 'cancelled', 'process_gone'])) THEN
+        PERFORM runledger._raise('RL006',
+            'detail.ended must be returned, raised, not_applied, cancelled or process_gone',
+            format('detail.ended is %s', coalesce(p_detail -> 'ended', 'null'::jsonb)), NULL);
+    END IF;
+    IF p_lease_id IS NULL OR p_fencing_token IS NULL THEN
+        PERFORM runledger._raise('RL006', 'lease id and fencing token must not be null',
+                                 NULL, NULL);
+    END IF;
+    SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM runledger._check_run_id(p_run_id);
+        PERFORM runledger._raise('RL003', format('run %s not found', p_run_id), NULL, NULL);
+    END IF;
+    v_now := runledger.now();
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.dispatched_token = p_fencing_token THEN
+        -- the sender: the lease its token was granted with
+        IF NOT EXISTS (SELECT 1 FROM runledger.run_events e
+                       WHERE e.run_id = p_run_id AND e.kind IN ('claimed', 'takeover')
+                         AND e.fencing_token = p_fencing_token
+                         AND e.detail ->> 'lease_id' = p_lease_id::text) THEN
+            PERFORM runledger._raise('RL001',
+                format('lease %s token %s did not send call %s', p_lease_id, p_fencing_token,
+                       p_idempotency_key),
+                'no claim of the run granted that lease with that token', NULL);
+        END IF;
+        IF p_detail ->> 'ended' = 'process_gone' THEN
+            PERFORM runledger._raise('RL006', 'a sender cannot say its own process is gone',
+                                     NULL, NULL);
+        END IF;
+        v_by := 'sender';
+    ELSE
+        -- the current holder, for a call an earlier holder sent
+        IF r.status <> 'running' OR r.lease_id IS DISTINCT FROM p_lease_id
+           OR r.fencing_token IS DISTINCT FROM p_fencing_token OR r.lease_expires_at <= v_now
+           OR NOT (c.dispatched_token < p_fencing_token) THEN
+            PERFORM runledger._raise('RL001',
+                format('lease %s token %s neither sent call %s nor holds run %s', p_lease_id,
+                       p_fencing_token, p_idempotency_key, p_run_id),
+                format('the call was last sent under token %s; the run is %s under token %s',
+                       coalesce(c.dispatched_token::text, 'none'), r.status, r.fencing_token),
+                NULL);
+        END IF;
+        IF p_detail ->> 'ended' <> 'process_gone' OR NOT (p_detail ? 'process') THEN
+            PERFORM runledger._raise('RL006',
+                'a holder releases an earlier sender''s call only with ended process_gone '
+                'and the process it checked', NULL, NULL);
+        END IF;
+        v_by := 'holder';
+    END IF;
+    IF c.status <> 'dispatched' OR EXISTS (
+           SELECT 1 FROM runledger.run_events e
+           WHERE e.run_id = p_run_id AND e.kind = 'send_released'
+             AND e.detail ->> 'idempotency_key' = p_idempotency_key
+             AND e.detail ->> 'attempt' = c.attempts::text) THEN
+        RETURN false;
+    END IF;
+    PERFORM runledger._event(p_run_id, 'send_released', p_worker_id,
+        CASE WHEN v_by = 'holder' THEN p_fencing_token END, NULL,
+        p_detail || jsonb_build_object('idempotency_key', p_idempotency_key,
+                                       'attempt', c.attempts,
+                                       'sender', c.dispatched_by,
+                                       'sender_token', c.dispatched_token, 'by', v_by),
+        v_now);
+    RETURN true;
+END
+$$;
+
 -- A worker id belongs to one live database session at a time: the session that
 -- registered it (pid and backend_start, so a reused pid is not mistaken for it). Another
 -- session may take the id over once that one has ended (its backend is gone from
@@ -701,7 +897,8 @@ $$;
 -- backend_start of another role's session is visible to the function's owner only with
 -- pg_read_all_stats (a superuser has it): without it the sessions are told apart by pid.
 CREATE FUNCTION runledger._register_worker(p_worker_id text, p_hostname text, p_pid int,
-                                           p_flows text[], p_session_lock bigint)
+                                           p_flows text[], p_session_lock bigint,
+                                           p_process text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -713,14 +910,15 @@ DECLARE
 BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
     PERFORM runledger._check_text('hostname', p_hostname, 0, runledger._cap('hostname'));
+    PERFORM runledger._check_text('process', p_process, 0, runledger._cap('hostname'));
     PERFORM runledger._parse_flows(p_flows);
     SELECT a.backend_start INTO v_session_started FROM pg_stat_activity a
     WHERE a.pid = v_session_pid;
 
     INSERT INTO runledger.workers (worker_id, hostname, pid, flows, started_at, heartbeat_at,
-                                   session_pid, session_started_at, session_lock)
+                                   session_pid, session_started_at, session_lock, process)
     VALUES (p_worker_id, coalesce(p_hostname, ''), coalesce(p_pid, 0), p_flows, v_now, v_now,
-            v_session_pid, v_session_started, p_session_lock)
+            v_session_pid, v_session_started, p_session_lock, p_process)
     ON CONFLICT ON CONSTRAINT pk_workers DO NOTHING;
     IF FOUND THEN
         RETURN;
@@ -748,7 +946,7 @@ BEGIN
     SET hostname = coalesce(p_hostname, ''), pid = coalesce(p_pid, 0), flows = p_flows,
         started_at = v_now, heartbeat_at = v_now, stopped_at = NULL,
         session_pid = v_session_pid, session_started_at = v_session_started,
-        session_lock = p_session_lock
+        session_lock = p_session_lock, process = p_process
     WHERE worker_id = p_worker_id;
 END
 $$;
@@ -774,8 +972,10 @@ $$;
 -- worker's own (not behind a transaction pooler): the worker checks that first. Without
 -- p_session_lock the worker has no key (its runs are taken over on expiry only). Returns
 -- the key (NULL without one) and the session's backend pid.
+-- Revision 0031: p_process, the worker's process as its host names it (workers.process).
 CREATE FUNCTION runledger.register_worker_v2(p_worker_id text, p_hostname text, p_pid int,
-                                             p_flows text[], p_session_lock boolean)
+                                             p_flows text[], p_session_lock boolean,
+                                             p_process text DEFAULT NULL)
 RETURNS TABLE (session_lock bigint, session_pid integer)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
@@ -798,7 +998,8 @@ BEGIN
         -- a key from itself with this setting, never make a held one look free)
         PERFORM set_config('runledger.session_lock', v_key::text, false);
     END IF;
-    PERFORM runledger._register_worker(p_worker_id, p_hostname, p_pid, p_flows, v_key);
+    PERFORM runledger._register_worker(p_worker_id, p_hostname, p_pid, p_flows, v_key,
+                                       p_process);
     session_lock := v_key;
     session_pid := pg_backend_pid();
     RETURN NEXT;

@@ -816,7 +816,9 @@ BEGIN
         WHERE c1.idempotency_key = p_idempotency_key AND c1.run_id IS NOT DISTINCT FROM p_run_id
           AND c1.status = 'dispatched'
           AND c2.idempotency_key = p_next_key AND c2.run_id IS NOT DISTINCT FROM p_run_id
-          AND c2.status IN ('planned', 'dispatched') AND c2.approval IS DISTINCT FROM 'pending';
+          AND c2.status IN ('planned', 'dispatched') AND c2.approval IS DISTINCT FROM 'pending'
+          -- revision 0031: one an earlier holder sent goes through _dispatch's sender check
+          AND (c2.status = 'planned' OR c2.dispatched_token >= p_fencing_token);
     END IF;
     IF v_that IS NOT NULL THEN
         WITH u AS (

@@ -1,0 +1,172 @@
+"""A lost connection is not a dead worker.
+
+The server ends the sessions of live workers (``pg_terminate_backend``, as an operator, a
+proxy's failover or an idle timeout would) while their calls are on their way to a
+provider that applies a request only some time after it came in. A session that ended
+frees its lock and lets another worker take the run over at once; that worker must not
+look the call up or send it again while its first sender may still be sending it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from runledger.testing import wait_for
+from tests.process.conftest import submit
+
+pytestmark = [pytest.mark.process, pytest.mark.chaos, pytest.mark.slow]
+
+# one tool of each class that has an effect, each in its own turn
+PLAN = [[{"tool": "ticket"}], [{"tool": "charge", "args": {"amount": 3}}], [{"tool": "email"}]]
+ARRIVAL = 0.3  # s a request spends on its way before the provider applies it
+
+
+def _backends(conn: Any, kinds: tuple[str, ...]) -> list[tuple[int, str]]:
+    rows = conn.execute(
+        "SELECT pid, application_name FROM pg_stat_activity"
+        " WHERE split_part(application_name, ':', 1) = ANY (%s)",
+        (list(kinds),),
+    ).fetchall()
+    return [(int(pid), str(name)) for pid, name in rows]
+
+
+def _settled(conn: Any, prefix: str) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM runledger.runs"
+        " WHERE run_id LIKE %s AND status IN ('succeeded', 'paused')",
+        (prefix + "%",),
+    ).fetchone()
+    return int(row[0])
+
+
+def _storm(
+    workers: Any,
+    provider: Any,
+    admin_conn: Any,
+    *,
+    prefix: str,
+    runs: int,
+    kinds: tuple[str, ...],
+    seconds: float,
+    only: str | None = None,
+) -> dict[str, Any]:
+    """Submit ``runs`` runs, terminate one backend of ``kinds`` (of worker ``only``, or of
+    any) every 0.2-0.5 s for ``seconds``, then wait for every run to settle; what the
+    provider and the journal say."""
+    seed = int(os.environ.get("RUNLEDGER_CHAOS_SEED", time.time_ns() % 1_000_000))
+    rng = random.Random(seed)
+    print(f"storm seed {seed} (RUNLEDGER_CHAOS_SEED to replay)")
+    provider.client.configure(arrival=ARRIVAL)
+    for n in range(runs):
+        submit(admin_conn, f"{prefix}{n:03d}", PLAN)
+    terminated = 0
+    until = time.monotonic() + seconds
+    while time.monotonic() < until and _settled(admin_conn, prefix) < runs:
+        time.sleep(rng.uniform(0.2, 0.5))  # the storm's schedule, not a wait for a result
+        found = [
+            (pid, name)
+            for pid, name in _backends(admin_conn, kinds)
+            if only is None or name.endswith(":" + only)
+        ]
+        if found:
+            pid, _ = rng.choice(found)
+            admin_conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            terminated += 1
+    wait_for(
+        lambda: _settled(admin_conn, prefix) == runs,
+        timeout=180,
+        interval=0.2,
+        what="every run settled",
+    )
+    effects = Counter(e["key"] for e in provider.client.effects() if e["key"].startswith(prefix))
+    calls = admin_conn.execute(
+        "SELECT idempotency_key, tool, status FROM runledger.run_calls WHERE run_id LIKE %s",
+        (prefix + "%",),
+    ).fetchall()
+    holders = Counter(
+        r[0]
+        for r in admin_conn.execute(
+            "SELECT detail->>'holder' FROM runledger.run_events"
+            " WHERE kind = 'takeover' AND run_id LIKE %s",
+            (prefix + "%",),
+        )
+    )
+    statuses = Counter(
+        r[0]
+        for r in admin_conn.execute(
+            "SELECT status FROM runledger.runs WHERE run_id LIKE %s", (prefix + "%",)
+        )
+    )
+    print(f"terminated {terminated} backends; takeovers {dict(holders)}; runs {dict(statuses)}")
+    return {
+        "seed": seed,
+        "terminated": terminated,
+        "effects": effects,
+        "calls": calls,
+        "holders": holders,
+        "statuses": statuses,
+    }
+
+
+def _assert_once(seen: dict[str, Any], workers: Any, count: int) -> None:
+    seed, effects = seen["seed"], seen["effects"]
+    twice = {k: n for k, n in effects.items() if n > 1}
+    assert twice == {}, f"effects sent twice (seed {seed}): {twice}"
+    for key, _tool, status in seen["calls"]:
+        if status == "succeeded":
+            assert effects[key] == 1, f"succeeded call {key} without its effect (seed {seed})"
+    unknown = [(k, t) for k, t, s in seen["calls"] if s == "unknown"]
+    assert all(t == "email" for _, t in unknown), unknown  # only the unsafe tool is ambiguous
+    assert set(seen["statuses"]) <= {"succeeded", "paused"}, seen["statuses"]
+    # a lost connection is survived: no worker exited by itself
+    for i in range(count):
+        assert workers.alive(i), f"worker {i} exited ({workers.returncode(i)}): {workers.log(i)}"
+
+
+@pytest.mark.timeout(300)
+def test_a_backend_kill_storm_sends_no_effect_twice(
+    workers: Any, provider: Any, admin_conn: Any
+) -> None:
+    """Listener and pool sessions of three live workers are ended at random mid-call."""
+    workers.start(3, args=["--concurrency", "8", "--max-stalled-claims", "1000"])
+    seen = _storm(
+        workers,
+        provider,
+        admin_conn,
+        prefix="storm-",
+        runs=60,
+        kinds=("runledger-listener", "runledger-worker"),
+        seconds=20,
+    )
+    assert seen["terminated"] > 0
+    # the storm did what it is for: runs were taken over from live workers' ended sessions
+    assert seen["holders"]["session_ended"] > 0, seen["holders"]
+    _assert_once(seen, workers, 3)
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_registers_again_does_not_resend_its_own_calls(
+    workers: Any, provider: Any, admin_conn: Any
+) -> None:
+    """One worker alone: its listener is ended again and again; each new listener session
+    is a new holder of the runs the previous one held, in the same process, whose earlier
+    calls may still be on their way."""
+    workers.start(1, args=["--concurrency", "8", "--max-stalled-claims", "1000"])
+    seen = _storm(
+        workers,
+        provider,
+        admin_conn,
+        prefix="self-",
+        runs=24,
+        kinds=("runledger-listener",),
+        seconds=12,
+    )
+    assert seen["terminated"] > 0
+    assert seen["holders"]["session_ended"] > 0, seen["holders"]
+    _assert_once(seen, workers, 1)
