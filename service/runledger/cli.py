@@ -3,9 +3,10 @@
 Data goes to stdout, logs to stderr. Every failure is one line on stderr, never a
 traceback, and its exit code says what kind it is (:data:`EXIT_CODES`, shown by
 ``runledger --help``): 0 ok; 1 a check failed, a run did not succeed, or the database
-refused the request; 2 usage (a bad option, argument or value, input that is not JSON or
-nests too deeply, no or a malformed database URL); 3 the database is unavailable or has no
-(or an older) runledger schema. :func:`run` maps the exceptions onto them.
+refused the request (a write on a standby: ``ReadOnly``); 2 usage (a bad option, argument
+or value, input that is not JSON or nests too deeply, no or a malformed database URL); 3
+the database is unavailable or has no (or an older) runledger schema, or is a standby
+under ``runledger worker``, which only writes. :func:`run` maps the exceptions onto them.
 
 One environment rule for every option of every command: ``--some-option`` reads
 ``RUNLEDGER_SOME_OPTION`` (``--database-url`` then falls back to ``DATABASE_URL``), and
@@ -66,9 +67,11 @@ from runledger.config import (
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 EXIT_CODES = {
     EXIT_OK: "ok",
-    EXIT_FAILED: "a check failed, a run did not succeed, or the database refused",
+    EXIT_FAILED: "a check failed, a run did not succeed, or the database refused (a write "
+    "on a standby too)",
     EXIT_USAGE: "usage: a bad option, value or JSON; no or a malformed database URL",
-    EXIT_UNAVAILABLE: "database unreachable, or its runledger schema missing or behind",
+    EXIT_UNAVAILABLE: "database unreachable, its runledger schema missing or behind, or a "
+    "standby (worker)",
 }
 
 
@@ -109,7 +112,7 @@ def migrate(
         click.echo(m.offline_sql(revision), nl=False)
         return
     url = _database_url(database_url)
-    m.check_reachable(url, connect_timeout)
+    m.check_reachable(url, connect_timeout, upgrade=not check)
     if check:
         current, head = m.current(url), m.head()
         if current != head:
@@ -172,7 +175,16 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
         event_loop_runner(settings.event_loop)  # uvloop asked for but missing: one line
     except (ValueError, ImportError) as exc:
         raise click.UsageError(str(exc)) from exc
-    run_worker(w, settings.event_loop)
+    try:
+        run_worker(w, settings.event_loop)
+    except errors.ReadOnly as exc:
+        # a worker only writes: on a standby it can do nothing at all, as on a database it
+        # cannot reach (exit 3, which a supervisor restarts on), not a refused request
+        _fail(
+            f"error: ReadOnly: {_one_line(exc)}; a worker needs the primary: list every "
+            "host with target_session_attrs=read-write (docs/failover.md)",
+            EXIT_UNAVAILABLE,
+        )
 
 
 def _configure_otel(file: str | None) -> None:
@@ -551,7 +563,8 @@ def run() -> None:
 
     Usage errors (click's, and a malformed or missing URL: ``ConfigurationError``) exit 2;
     a database that cannot be reached or has no (or an older) schema exits 3; any other
-    runledger error (a refusal by the database or the store) exits 1.
+    runledger error (a refusal by the database or the store, a standby's ``ReadOnly``
+    included: the worker command exits 3 for that one itself) exits 1.
     """
     try:
         main(standalone_mode=False)

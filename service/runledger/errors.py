@@ -98,6 +98,18 @@ class SenderActive(RunLedgerError):
     sqlstate = "RL009"
 
 
+class ReadOnly(RunLedgerError):
+    """A write refused by a database that only reads: a hot standby (in recovery), or a
+    read-only session (``default_transaction_read_only``). Reads work there; writes need
+    the primary. Mapped in ``db/execution.py`` from SQLSTATE 25006, which is PostgreSQL's
+    (so not in :data:`REGISTRY`); ``standby`` is what the server said of itself (None
+    when it did not say: PostgreSQL 13)."""
+
+    def __init__(self, message: str, *, standby: bool | None = None, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.standby = standby
+
+
 class DatabaseUnavailable(RunLedgerError):
     """The database could not be reached (down, wrong host, role or database name)."""
 

@@ -565,3 +565,34 @@ def test_refusals_are_one_line_exit_1_and_write_nothing(
     [line] = err.splitlines()
     assert line.startswith("error: ") and message in line, line
     assert snapshot(admin_conn) == before
+
+
+def test_a_write_in_a_read_only_session_is_one_line_naming_the_session(
+    database_url: str,
+    admin_conn: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SQLSTATE 25006 on a primary: the session is read-only (a role or URL with
+    default_transaction_read_only), not a standby, and the line says which
+    (tests/process/test_replica.py has the standby)."""
+    from tests.integration.test_hostile_client import snapshot
+
+    admin_conn.execute("SELECT * FROM runledger.submit_run('ro-1', 'nobody', '1', '{}')")
+    before = snapshot(admin_conn)
+    sep = "&" if "?" in database_url else "?"
+    read_only = f"{database_url}{sep}options=-cdefault_transaction_read_only%3Don"
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", read_only)
+    monkeypatch.setattr(sys, "argv", ["runledger", "cancel", "ro-1"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (1, ""), err
+    [line] = err.splitlines()
+    assert line.startswith("error: ReadOnly: runledger.cancel_run refused: cannot execute "), line
+    assert line.endswith(
+        "in a read-only transaction; the session on "
+        f"{admin_conn.info.host}:{admin_conn.info.port} is read-only "
+        "(default_transaction_read_only): writes need a read-write session"
+    ), line
+    assert snapshot(admin_conn) == before

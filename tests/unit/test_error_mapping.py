@@ -177,3 +177,52 @@ def test_mapped_driver_error_survives_pickling() -> None:
     mapped = map_error(driver)
     assert isinstance(mapped, errors.VersionConflict)
     assert mapped.detail == "expected 1"
+
+
+# -- a write refused because the server only reads (SQLSTATE 25006) ------------------------
+
+
+def _read_only_error(message: str, context: str | None) -> psycopg.Error:
+    info: dict[DiagnosticField, bytes | None] = {
+        DiagnosticField.SQLSTATE: b"25006",
+        DiagnosticField.MESSAGE_PRIMARY: message.encode(),
+        DiagnosticField.CONTEXT: None if context is None else context.encode(),
+        DiagnosticField.SEVERITY: b"ERROR",
+    }
+    return psycopg.errors.ReadOnlySqlTransaction(f"ERROR: {message}", info=info)  # type: ignore[arg-type]
+
+
+def test_a_read_only_refusal_names_the_outermost_contract_function() -> None:
+    context = (
+        'SQL statement "INSERT INTO runledger.run_events (run_id) VALUES (p_run_id)"\n'
+        "PL/pgSQL function runledger._event(text,text) line 5 at SQL statement\n"
+        "PL/pgSQL function cancel_run(text,text,text) line 10 at PERFORM"
+    )
+    mapped = map_error(
+        _read_only_error("cannot execute INSERT in a read-only transaction", context),
+        run_id="r1",
+    )
+    assert isinstance(mapped, errors.ReadOnly)
+    # no connection to ask: it does not claim a standby it cannot tell from a read-only session
+    assert mapped.standby is None
+    assert mapped.run_id == "r1"
+    assert str(mapped) == (
+        "runledger.cancel_run refused: cannot execute INSERT in a read-only transaction; "
+        "the database only reads (a standby, or a read-only session): point writes at the "
+        "primary"
+    )
+
+
+def test_a_read_only_refusal_outside_a_function_is_the_write() -> None:
+    mapped = map_error(
+        _read_only_error("cannot execute CREATE SCHEMA in a read-only transaction", None)
+    )
+    assert isinstance(mapped, errors.ReadOnly)
+    assert mapped.message.startswith(
+        "the write refused: cannot execute CREATE SCHEMA in a read-only transaction; "
+    )
+
+
+def test_read_only_is_not_in_the_registry_of_our_own_codes() -> None:
+    assert errors.ReadOnly.sqlstate is None
+    assert errors.from_sqlstate("25006", "x") is None

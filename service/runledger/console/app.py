@@ -118,8 +118,8 @@ async def _runledger_error(request: Request, exc: Exception) -> Response:
         status = 400
     elif isinstance(exc, errors.InvalidTransition | errors.RunConflict):
         status = 409
-    elif isinstance(exc, errors.DatabaseUnavailable | errors.SchemaMissing):
-        status = 503
+    elif isinstance(exc, errors.DatabaseUnavailable | errors.SchemaMissing | errors.ReadOnly):
+        status = 503  # ReadOnly: an action sent to a standby, which cannot take it
     if status == 500:
         log.error("console: %s on %s: %s", type(exc).__name__, request.url.path, _one_line(exc))
     return problem(request, status, f"{type(exc).__name__}: {_one_line(exc)}")

@@ -8,6 +8,14 @@ it follows one run); the page then fetches its fresh fragment. When the listenin
 connection is lost the hub reconnects with backoff and sends ``event: resync`` to every
 stream (what was committed meanwhile was never heard: refetch), and a stream that falls
 behind by more than its queue gets a ``resync`` instead of the events it missed.
+
+On a hot standby there is nothing to listen to: PostgreSQL does not replicate NOTIFY,
+and refuses LISTEN during recovery. The hub sees that when it connects (the server's
+``in_hot_standby``, or ``pg_is_in_recovery()``) and sends ``event: replica`` (``{"poll":
+seconds}``) instead of ``ready``: the header says "read replica: no live updates" and the
+page fetches itself every ``poll`` seconds. The hub asks again every
+:data:`REPLICA_RECHECK` s; once the server was promoted it listens, and the streams get
+``ready`` and ``resync``.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from runledger.db.execution import connect_timeout_param
+from runledger.db.execution import connect_timeout_param, in_recovery
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +38,9 @@ CHANNEL = "runledger_events"
 KEEPALIVE_SECONDS = 15.0
 QUEUE_SIZE = 256
 MAX_BACKOFF = 10.0
+REPLICA_POLL_SECONDS = 5  # a page on a standby fetches itself this often instead
+REPLICA_RECHECK = 10.0  # s: how often a console on a standby asks whether it was promoted
+REPLICA_TEXT = "read replica: no live updates"  # the header's live-update state there
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +79,7 @@ class Hub:
         self.url = url
         self.connect_timeout = connect_timeout
         self.listening = asyncio.Event()
+        self.replica = asyncio.Event()  # the database is a standby: no live updates
         self._subscribers: set[Subscriber] = set()
         self._task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -106,6 +118,7 @@ class Hub:
         delay = 0.25
         lost = False
         while True:
+            standby = False
             try:
                 conn = await psycopg.AsyncConnection.connect(
                     self.url,
@@ -114,17 +127,16 @@ class Hub:
                     connect_timeout=connect_timeout_param(self.connect_timeout),
                 )
                 async with conn:
-                    await conn.execute("LISTEN " + CHANNEL)
-                    self.listening.set()
-                    if lost:
-                        log.warning("console: listening on %s again", CHANNEL)
-                        self._broadcast("resync")  # what was committed meanwhile: refetch
-                    delay, lost = 0.25, False
-                    async for note in conn.notifies():
-                        change = parse(note.payload)
-                        if change is not None:
-                            self.heard += 1
-                            self._broadcast(change)
+                    standby = await in_recovery(conn)
+                    if not standby:
+                        await conn.execute("LISTEN " + CHANNEL)
+                        self._listening_again(lost)
+                        delay, lost = 0.25, False
+                        async for note in conn.notifies():
+                            change = parse(note.payload)
+                            if change is not None:
+                                self.heard += 1
+                                self._broadcast(change)
             except asyncio.CancelledError:
                 raise
             except (psycopg.Error, OSError) as exc:
@@ -136,23 +148,76 @@ class Hub:
                     )
                     self._broadcast("offline")
                 self.listening.clear()
+                self.replica.clear()
                 lost = True
+            if standby:
+                self._on_standby()
+                delay, lost = 0.25, False
+                await asyncio.sleep(REPLICA_RECHECK)
+                continue
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_BACKOFF)
 
+    def _listening_again(self, lost: bool) -> None:
+        promoted = self.replica.is_set()
+        self.replica.clear()
+        self.listening.set()
+        if lost:
+            log.warning("console: listening on %s again", CHANNEL)
+        elif promoted:
+            log.info("console: the database was promoted: live updates on")
+        if lost or promoted:
+            self._broadcast("resync")  # what was committed meanwhile: refetch
+
+    def _on_standby(self) -> None:
+        """The database is a standby: no notification will come (NOTIFY is not replicated,
+        LISTEN is refused in recovery); the streams say so, and the pages poll."""
+        self.listening.clear()
+        if not self.replica.is_set():
+            log.info(
+                "console: the database is a standby (in recovery): no live updates; pages "
+                "poll every %d s",
+                REPLICA_POLL_SECONDS,
+            )
+            self.replica.set()
+            self._broadcast("replica")
+
+    async def _first_state(self) -> str:
+        """What a new stream says first: ``ready`` once listening, ``replica`` once the
+        database is known to be a standby, ``offline`` when neither within 15 s."""
+        states = {
+            asyncio.ensure_future(self.listening.wait()): "ready",
+            asyncio.ensure_future(self.replica.wait()): "replica",
+        }
+        try:
+            done, _ = await asyncio.wait(
+                states, timeout=KEEPALIVE_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiting in states:
+                waiting.cancel()
+        if self.replica.is_set():
+            return "replica"
+        return "ready" if done else "offline"
+
     async def stream(self, run_id: str | None) -> AsyncIterator[str]:
-        """The text of one SSE stream: ``ready`` once listening, then ``change`` (and
-        ``resync``/``offline``) events, with a comment every 15 s to keep proxies open."""
+        """The text of one SSE stream: ``ready`` once listening (``replica`` on a
+        standby), then ``change`` (and ``resync``/``offline``/``replica``) events, with a
+        comment every 15 s to keep proxies open."""
         if self.closing:
             return
         sub = Subscriber(run_id)
         self._subscribers.add(sub)
+        replica = {"run_id": run_id, "poll": REPLICA_POLL_SECONDS}
         try:
             yield "retry: 2000\n\n"
-            try:
-                await asyncio.wait_for(self.listening.wait(), KEEPALIVE_SECONDS)
+            first = await self._first_state()
+            if first == "ready":
                 yield _event("ready", {"run_id": run_id})
-            except TimeoutError:
+            elif first == "replica":
+                _drain(sub.queue)  # the same news, queued while it was found out
+                yield _event("replica", replica)
+            else:
                 yield _event("offline", {})
             while not self.closing:
                 if sub.behind:
@@ -175,6 +240,8 @@ class Hub:
                 elif item == "resync":
                     yield _event("ready", {"run_id": run_id})
                     yield _event("resync", {})
+                elif item == "replica":
+                    yield _event("replica", replica)
                 else:
                     yield _event(item, {})
         finally:

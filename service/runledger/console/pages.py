@@ -277,7 +277,7 @@ API_INDEX = {
     "GET /api/events": "events, oldest first: ?run=ID &kind=K (repeatable) &since &limit "
     "&until=EVENT_ID",
     "GET /api/stream": "server-sent events: change {event_id, run_id, kind}, ready, resync, "
-    "offline; ?run=ID for one run's",
+    "offline, replica {poll} (a standby: no live updates); ?run=ID for one run's",
 }
 
 

@@ -9,7 +9,7 @@ from starlette.requests import Request
 
 from runledger.console.auth import Session, Sessions
 from runledger.console.config import ConsoleConfig
-from runledger.console.live import Hub
+from runledger.console.live import REPLICA_TEXT, Hub
 from runledger.console.reads import Reader
 from runledger.console.render import Pages
 
@@ -39,6 +39,8 @@ class Console:
             "can_act": self.config.allow_actions and session is not None,
             "live_run": None,
             "poll": None,
+            # the header's live-update state until the page's stream says otherwise
+            "live_state": REPLICA_TEXT if self.hub.replica.is_set() else "connecting",
             "nav": None,
         }
         base.update(values)

@@ -31,7 +31,7 @@ def checkpoint_now(url: str, actor: str, *, connect_timeout: float | None = None
     try:
         return _checkpoint(conn, actor)
     except psycopg.Error as exc:
-        raise driver_error(exc, "the checkpoint", CHECKPOINT_GRANTS) from None
+        raise driver_error(exc, "the checkpoint", CHECKPOINT_GRANTS, conn) from None
     finally:
         conn.close()
 

@@ -61,6 +61,9 @@ E = TypeVar("E", bound=StrEnum)
 
 RETRYABLE_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03", "55P03"}
 INPUT_SQLSTATES = {"22P05", "22021", "22P02", "22007", "22008", "22003", "54000"}
+READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction: a hot standby, or a read-only session
+
+AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 
 Landed = Callable[[], Awaitable[T | None]]
 
@@ -73,8 +76,14 @@ def is_connection_error(exc: psycopg.Error) -> bool:
     return isinstance(exc, psycopg.InterfaceError)
 
 
-def map_error(exc: psycopg.Error, **fields: Any) -> errors.RunLedgerError | None:
-    """The runledger exception for a driver error, or ``None`` when it is not a refusal."""
+def map_error(
+    exc: psycopg.Error, *, conn: AnyConnection | None = None, **fields: Any
+) -> errors.RunLedgerError | None:
+    """The runledger exception for a driver error, or ``None`` when it is not a refusal.
+    ``conn``, the connection that got it, tells a standby's refusal of a write from a
+    read-only session's (:func:`read_only`)."""
+    if exc.sqlstate == READ_ONLY_SQLSTATE:
+        return read_only(exc, conn, **fields)
     diag = exc.diag
     message = diag.message_primary or str(exc)
     mapped = errors.from_sqlstate(
@@ -91,6 +100,56 @@ def map_error(exc: psycopg.Error, **fields: Any) -> errors.RunLedgerError | None
             message, detail=diag.message_detail or None, hint=diag.message_hint or None, **fields
         )
     return None
+
+
+def hot_standby(conn: AnyConnection | None) -> bool | None:
+    """Whether the server of ``conn`` is a hot standby, as it said itself: PostgreSQL 14
+    and later report ``in_hot_standby`` when the session starts and again when a
+    promotion ends recovery. None when it did not say (PostgreSQL 13, or no ``conn``):
+    ask ``pg_is_in_recovery()`` then."""
+    if conn is None:
+        return None
+    said = conn.info.parameter_status("in_hot_standby")
+    return None if said is None else said == "on"
+
+
+async def in_recovery(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the server of ``conn`` is a standby: as it said (:func:`hot_standby`), or
+    asked (``pg_is_in_recovery()``) when it did not."""
+    said = hot_standby(conn)
+    if said is not None:
+        return said
+    cur = await conn.execute("SELECT pg_is_in_recovery()")
+    row = await cur.fetchone()
+    return bool(row is not None and row[0])
+
+
+# the outermost function of a refusal's CONTEXT: its last line, innermost first
+_CONTEXT_FUNCTION = re.compile(r'(?:PL/pgSQL function |SQL function ")(?:runledger\.)?(\w+)')
+
+
+def read_only(exc: psycopg.Error, conn: AnyConnection | None, **fields: Any) -> errors.ReadOnly:
+    """A write refused with SQLSTATE 25006, as one line: the contract function refused
+    (or "the write"), the server's reason, and what to do: on a standby, point writes at
+    the primary. Reads work there, so only a write ever gets this."""
+    diag = exc.diag
+    reason = diag.message_primary or _reason(exc)
+    names = _CONTEXT_FUNCTION.findall(diag.context or "")
+    what = f"runledger.{names[-1]}" if names else "the write"
+    where = "the database"
+    if conn is not None and conn.info.host:
+        where = hosts_ports(conn.info.host, str(conn.info.port))
+    standby = hot_standby(conn)
+    if standby:
+        why = f"{where} is a standby (in recovery): point writes at the primary"
+    elif standby is False:
+        why = (
+            f"the session on {where} is read-only (default_transaction_read_only): "
+            "writes need a read-write session"
+        )
+    else:
+        why = f"{where} only reads (a standby, or a read-only session): point writes at the primary"
+    return errors.ReadOnly(f"{what} refused: {reason}; {why}", standby=standby, **fields)
 
 
 # -- connecting ----------------------------------------------------------------------------
@@ -197,13 +256,19 @@ def connect_error(
 
 
 async def probe(
-    url: str, *, timeout: float, application_name: str = "runledger", check_schema: bool = True
+    url: str,
+    *,
+    timeout: float,
+    application_name: str = "runledger",
+    check_schema: bool = True,
+    writes: str | None = None,
 ) -> None:
     """Connect once within ``timeout`` seconds and check the schema, or raise the one line.
 
     The schema check: ``runledger.runs`` exists, and the database is not at an older
     revision than this code's head (a newer one is fine: two releases share a database
-    during a rolling deploy).
+    during a rolling deploy). ``writes`` names what is about to write (``"the
+    migration"``): a standby is then :class:`~runledger.errors.ReadOnly` before it starts.
     """
     host, port, dbname, _ = _where(url)
     try:
@@ -219,12 +284,24 @@ async def probe(
     except psycopg.Error as exc:
         raise connect_error(exc, url, timeout) from None
     async with conn:
+        if writes is not None and await in_recovery(conn):
+            where = hosts_ports(conn.info.host, str(conn.info.port))
+            raise errors.ReadOnly(
+                f"{writes} refused: {where} is a standby (in recovery): point writes at the "
+                "primary",
+                standby=True,
+            )
         if check_schema:
             await _check_schema(conn, f"database {dbname!r} at {hosts_ports(host, port)}")
 
 
 def probe_blocking(
-    url: str, *, timeout: float, application_name: str = "runledger", check_schema: bool = True
+    url: str,
+    *,
+    timeout: float,
+    application_name: str = "runledger",
+    check_schema: bool = True,
+    writes: str | None = None,
 ) -> None:
     """:func:`probe` from synchronous code, whether or not an event loop runs in this thread
     (it gets a loop of its own, in a thread of its own)."""
@@ -238,6 +315,7 @@ def probe_blocking(
                     timeout=timeout,
                     application_name=application_name,
                     check_schema=check_schema,
+                    writes=writes,
                 )
             )
         except BaseException as exc:
@@ -379,12 +457,17 @@ _PINNED: ContextVar[_Pin | None] = ContextVar("runledger_pinned", default=None)
 async def _send(
     conn: psycopg.AsyncConnection[Any], sql: LiteralString | wire.Prepared, params: Sequence[Any]
 ) -> list[Row]:
-    """One statement on ``conn``: a hot-path one without a cursor (runledger.db.wire)."""
-    if isinstance(sql, wire.Prepared):
-        return await wire.execute(conn, sql, params)
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql, params)
-        return await cur.fetchall() if cur.description else []
+    """One statement on ``conn``: a hot-path one without a cursor (runledger.db.wire). A
+    write refused because the server only reads is mapped here, where the connection
+    says whether it is a standby's."""
+    try:
+        if isinstance(sql, wire.Prepared):
+            return await wire.execute(conn, sql, params)
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(sql, params)
+            return await cur.fetchall() if cur.description else []
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        raise read_only(exc, conn) from exc
 
 
 class Executor:
@@ -422,6 +505,8 @@ class Executor:
                 return await _send(conn, sql, params)
             except psycopg.Error as exc:
                 lost = is_connection_error(exc) or conn.closed or conn.broken
+                raise
+            except errors.ReadOnly:  # the server refused; the connection is as good as before
                 raise
             except BaseException:  # cancelled mid-statement: the connection's state is
                 lost = True  # not known; the pool sorts it out when it comes back

@@ -80,17 +80,23 @@ def read_connection(url: str, connect_timeout: float | None) -> Iterator[psycopg
         conn.close()
 
 
-def driver_error(exc: psycopg.Error, what: str, grants: str) -> errors.RunLedgerError:
+def driver_error(
+    exc: psycopg.Error,
+    what: str,
+    grants: str,
+    conn: psycopg.Connection[Any] | None = None,
+) -> errors.RunLedgerError:
     """A driver error as the one-line runledger error a command prints: a lost
-    connection, a refusal with its runledger SQLSTATE, or ``what`` refused (``grants``
-    as the hint for a missing privilege)."""
+    connection, a refusal with its runledger SQLSTATE (a standby's refusal of a write,
+    told apart on ``conn``), or ``what`` refused (``grants`` as the hint for a missing
+    privilege)."""
     from runledger.db.execution import is_connection_error, map_error
 
     if is_connection_error(exc):
         return errors.DatabaseUnavailable(
             f"lost the connection to the database during {what}: {_first_line(exc)}"
         )
-    mapped = map_error(exc)
+    mapped = map_error(exc, conn=conn)
     if mapped is not None:
         return mapped
     hint = grants if exc.sqlstate == "42501" else None

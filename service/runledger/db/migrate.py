@@ -156,12 +156,18 @@ def known(revision: str) -> bool:
         return False
 
 
-def check_reachable(url: str, connect_timeout: float) -> None:
+def check_reachable(url: str, connect_timeout: float, *, upgrade: bool = False) -> None:
     """Connect once, within ``connect_timeout`` seconds, or raise the one-line error
     (:class:`~runledger.errors.DatabaseUnavailable`: ``createdb <name>`` for a database
-    that does not exist; :class:`~runledger.errors.ConfigurationError` for a bad URL)."""
+    that does not exist; :class:`~runledger.errors.ConfigurationError` for a bad URL).
+    For an ``upgrade``, a standby is :class:`~runledger.errors.ReadOnly`: only the
+    primary takes one (a check reads, and works on a standby too)."""
     probe_blocking(
-        url, timeout=connect_timeout, application_name="runledger-migrate", check_schema=False
+        url,
+        timeout=connect_timeout,
+        application_name="runledger-migrate",
+        check_schema=False,
+        writes="the migration" if upgrade else None,
     )
 
 

@@ -441,7 +441,7 @@ class Store(FastPath):
                 (worker_id, hostname, pid, list(flows)),
             )
         except psycopg.Error as exc:
-            mapped = map_error(exc)
+            mapped = map_error(exc, conn=conn)
             if mapped is not None:
                 raise mapped from exc
             raise
@@ -472,7 +472,7 @@ class Store(FastPath):
             )
             row = await cur.fetchone()
         except psycopg.Error as exc:
-            mapped = map_error(exc)
+            mapped = map_error(exc, conn=conn)
             if mapped is not None:
                 raise mapped from exc
             raise

@@ -1,6 +1,8 @@
 // runledger console: live updates. The server sends an event on /api/stream (server-sent
 // events, driven by LISTEN runledger_events) for each change an operator sees; this page
-// then fetches its own fragment (?fragment=1) and swaps it in. No build step.
+// then fetches its own fragment (?fragment=1) and swaps it in. On a read replica (a hot
+// standby: no NOTIFY reaches it) the stream says "replica" and the page polls instead.
+// No build step.
 (function () {
   "use strict";
   var body = document.body;
@@ -11,6 +13,7 @@
   var run = body.getAttribute("data-run");
   var poll = parseInt(body.getAttribute("data-poll") || "0", 10);
   var busy = false, again = false, timer = null, editing = false, refreshes = 0;
+  var replicaPoll = null;
 
   function state(on, text) {
     body.setAttribute("data-live", on ? "on" : "off");
@@ -58,7 +61,17 @@
   var opened = false;
   source.addEventListener("ready", function () {
     state(true, "live");
+    if (replicaPoll !== null) { window.clearInterval(replicaPoll); replicaPoll = null; }
     if (opened) { schedule(); }  // back after a break: what changed meanwhile
+    opened = true;
+  });
+  source.addEventListener("replica", function (e) {
+    state(false, "read replica: no live updates");
+    var every = 5;
+    try { every = JSON.parse(e.data).poll || every; } catch (err) { /* the default */ }
+    if (replicaPoll === null && !(poll > 0)) {
+      replicaPoll = window.setInterval(schedule, every * 1000);
+    }
     opened = true;
   });
   source.addEventListener("change", schedule);
