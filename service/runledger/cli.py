@@ -56,7 +56,6 @@ from runledger.cli_options import (
     database_option,
     emit,
     json_option,
-    setting_option,
 )
 from runledger.cli_prune import prune
 from runledger.cli_reads import list_runs, show, unknown, workers
@@ -492,7 +491,13 @@ def retry(database_url: str | None, connect_timeout: float, run_id: str, actor: 
 
 
 @main.command(context_settings=CONTEXT)
-@setting_option("database_url", help="PostgreSQL URL; default: a throwaway cluster.")
+@_opt(
+    "--database-url",
+    envvar=None,  # the demo migrates and writes into it: never one taken from the environment
+    default=None,
+    help="Run the demo in this database (it migrates it and leaves its runs there); "
+    "default: a throwaway cluster. Never read from RUNLEDGER_DATABASE_URL or DATABASE_URL.",
+)
 @_opt("--runs", type=click.IntRange(1, 10000), default=40, help="Runs to submit.")
 @_opt("--workers", "n_workers", type=click.IntRange(1, 32), default=3, help="Worker processes.")
 @_opt(
@@ -505,14 +510,16 @@ def retry(database_url: str | None, connect_timeout: float, run_id: str, actor: 
 @_opt(
     "--keep",
     is_flag=True,
-    help="Leave the throwaway cluster running and print how to connect and resolve.",
+    help="Leave the throwaway cluster and the demo's provider running and print how to "
+    "connect, resolve and finish the paused runs.",
 )
 @_opt(
     "--stop",
     "stop_dir",
     default=None,
     metavar="DIR",
-    help="Stop and remove a cluster an earlier `demo --keep` left running; nothing else.",
+    help="Stop and remove a cluster (and its provider) an earlier `demo --keep` left "
+    "running; nothing else.",
 )
 def demo(
     database_url: str | None,
@@ -528,7 +535,7 @@ def demo(
     Exit 0 when the audit holds (no effect twice, no succeeded call without its effect,
     every run succeeded or paused on an unknown call), 1 otherwise.
     """
-    from runledger.demo.cluster import BadClusterDir, DemoError, stop_cluster
+    from runledger.demo.cluster import BadClusterDir, DemoError, NoDemoDatabase, stop_cluster
 
     try:
         if stop_dir is not None:
@@ -548,6 +555,9 @@ def demo(
         code = run_demo(options)
     except BadClusterDir as exc:
         raise click.BadParameter(str(exc), param_hint="'--stop'") from None
+    except NoDemoDatabase as exc:  # each source tried on a line of its own, no traceback
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
     except DemoError as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(code)

@@ -67,3 +67,59 @@ def test_plugin_offers_the_prefixed_fixtures(tmp_path: Path) -> None:
         )
     }
     assert ours == FIXTURES, listing.stdout
+
+
+ASYNC_PROJECT = """
+import asyncio
+
+import pytest
+import pytest_asyncio
+
+loops = []
+
+
+@pytest_asyncio.fixture(scope="module")  # no loop_scope: the project's default decides
+async def shared():
+    return asyncio.get_running_loop()
+
+
+@pytest.mark.asyncio
+async def test_first(shared):
+    loops.append(shared)
+
+
+@pytest.mark.asyncio
+async def test_second(shared):
+    loops.append(shared)
+    assert loops[0] is loops[1]
+
+
+def test_loop_scope(request):
+    assert request.config.getini("asyncio_default_fixture_loop_scope") == EXPECTED
+"""
+
+
+def test_a_user_project_gets_no_pytest_asyncio_deprecation_warning(tmp_path: Path) -> None:
+    """pytest-asyncio warns on every run while ``asyncio_default_fixture_loop_scope`` is
+    unset; a project that has pytest-asyncio only through runledger[testing] never set it.
+    The plugin sets the value that keeps the behaviour (a module-scoped async fixture
+    without ``loop_scope`` still runs in its module's loop)."""
+    (tmp_path / "test_async.py").write_text(
+        ASYNC_PROJECT.replace("EXPECTED", repr("fixture-scope"))
+    )
+    result = run_pytest(sys.executable, tmp_path, user_env(None))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "PASSED test_async.py::test_second" in result.stdout, output
+    assert "DeprecationWarning" not in output
+    assert "asyncio_default_fixture_loop_scope" not in output
+
+
+def test_a_user_projects_own_fixture_loop_scope_is_kept(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_default_fixture_loop_scope = module\n")
+    (tmp_path / "test_async.py").write_text(ASYNC_PROJECT.replace("EXPECTED", repr("module")))
+    result = run_pytest(sys.executable, tmp_path, user_env(None))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "PASSED test_async.py::test_loop_scope" in result.stdout, output
+    assert "DeprecationWarning" not in output

@@ -131,6 +131,9 @@ def test_user_installs_testing_extra_and_runs_pytest(
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert passed_count(result.stdout) == 5, output
+    # pytest-asyncio came with runledger[testing]: the project never set its loop scope
+    assert "DeprecationWarning" not in output
+    assert "asyncio_default_fixture_loop_scope" not in output
     for name in (
         "test_mine.py::test_plugin_loads_nothing_it_does_not_need",
         "test_mine.py::test_database_and_clock",

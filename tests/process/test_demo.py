@@ -2,9 +2,12 @@
 
 The demo must end with its audit holding and at least one run paused on an ``unknown``
 email; the commands it prints with ``--keep`` must work when pasted into a shell (the
-resolve requeues the run, the printed worker finishes it, the printed stop removes the
-cluster); Ctrl-C must leave nothing behind. Each demo gets a private ``TMPDIR``, so what
-it leaves there is exactly what it failed to clean up.
+resolve requeues the run, the printed worker finishes it, a ``not_applied`` sends the
+email again through the provider kept with the cluster, the printed stop removes both);
+Ctrl-C must leave nothing behind. It never runs in a database of the environment
+(``RUNLEDGER_DATABASE_URL``, ``DATABASE_URL``), only in one given by ``--database-url``,
+and says so first. When no PostgreSQL starts, it names each source and why. Each demo
+gets a private ``TMPDIR``, so what it leaves there is exactly what it failed to clean up.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from runledger.testing import wait_for
+from runledger.testing import ProviderClient, wait_for
+from runledger.testing.postgres import Databases
 
 pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.timeout(240)]
 
 BIN = str(Path(sys.executable).parent)  # where `runledger` is, for the pasted commands
 TOOLS = ("create_ticket", "charge", "send_email")
+SMALL = ["--runs", "2", "--kills", "1", "--workers", "1"]  # one run paused on its email
 
 
 @pytest.fixture
@@ -66,17 +71,38 @@ def sh(script: str, env: dict[str, str], **kwargs: Any) -> subprocess.CompletedP
     )
 
 
-def test_demo_keep_prints_commands_that_work(tmpdir_env: tuple[Path, dict[str, str]]) -> None:
+@pytest.fixture
+def decoy_url(runledger_databases: Databases) -> Iterator[str]:
+    """An empty database, as a user's application database would be: the demo must not
+    touch it when it is only in the environment."""
+    url = runledger_databases.create("decoy", migrated=False)
+    try:
+        yield url
+    finally:
+        runledger_databases.drop(url)
+
+
+def test_demo_keep_prints_commands_that_work(
+    tmpdir_env: tuple[Path, dict[str, str]], decoy_url: str
+) -> None:
     base, env = tmpdir_env
     demo = subprocess.run(
         [sys.executable, "-m", "runledger", "demo", "--runs", "12", "--keep"],
-        env=env,
+        env={**env, "RUNLEDGER_DATABASE_URL": decoy_url, "DATABASE_URL": decoy_url},
         capture_output=True,
         text=True,
         timeout=180,
     )
     out = demo.stdout
     assert demo.returncode == 0, f"{out}\n{demo.stderr}"
+    # its own cluster, said first; the database in the environment is left alone
+    first, second = out.splitlines()[:2]
+    assert re.fullmatch(r"PostgreSQL \S+, a throwaway cluster \((local|embedded)\)", first), out
+    assert second == (
+        "  (RUNLEDGER_DATABASE_URL and DATABASE_URL not used: --database-url runs it in yours)"
+    )
+    with psycopg.connect(decoy_url, autocommit=True) as decoy:
+        assert decoy.execute("SELECT to_regnamespace('runledger')").fetchone() == (None,)
     assert "audit: OK" in out
     assert "succeeded calls without their effect at the provider: 0" in out
     assert "invariant checks (runledger audit): all ok" in out
@@ -97,16 +123,27 @@ def test_demo_keep_prints_commands_that_work(tmpdir_env: tuple[Path, dict[str, s
     resolve = f"runledger resolve {run_id}:2:c0 applied"
     assert f"\n    {resolve}\n" in out
 
+    assert "\n  (or not_applied: send it again under the same key; abandoned: " in out
+
     lines = out.splitlines()
-    keep = lines.index("The database is still running (--keep). In a shell:")
-    export, status, pasted, worker = (line.strip() for line in lines[keep + 1 : keep + 5])
-    stop = lines[keep + 5]
+    keep = lines.index(
+        "The database and the demo's provider are still running (--keep). In a shell:"
+    )
+    export, export_provider, status, pasted, worker = (
+        line.strip() for line in lines[keep + 1 : keep + 6]
+    )
+    stop = lines[keep + 6]
     url = re.fullmatch(r"export RUNLEDGER_DATABASE_URL='(.+)'", export)
     assert url, export
+    provider_url = re.fullmatch(r"export RUNLEDGER_PROVIDER_URL='(http://\S+)'", export_provider)
+    assert provider_url, export_provider
+    exports = f"{export}\n{export_provider}"
     assert pasted == resolve and status == f"runledger status {run_id}"
     assert worker.startswith("runledger worker --flows runledger.demo.agent:flow")
-    directory = re.fullmatch(r"Stop it when done: runledger demo --stop (\S+)", stop)
+    directory = re.fullmatch(r"Stop both when done: runledger demo --stop (\S+)", stop)
     assert directory and Path(directory[1]).parent == base, stop
+    provider = ProviderClient(provider_url[1], timeout=10)
+    assert len(provider.effects(f"{run_id}:2:c0")) == 1  # the email the SIGKILL cut off
 
     with psycopg.connect(url[1], autocommit=True) as conn:
 
@@ -126,15 +163,19 @@ def test_demo_keep_prints_commands_that_work(tmpdir_env: tuple[Path, dict[str, s
             return str(row[0]), row[1]
 
         assert run()[0] == "paused" and email() == ("unknown", None)
-        shown = sh(f"{export}\n{status}", env)
+        shown = sh(f"{exports}\n{status}", env)
         assert shown.returncode == 0 and "unknown" in shown.stdout, shown.stderr
-        resolved = sh(f"{export}\n{pasted}", env)
+        # the other answer the demo offers: not sent, send it again. It must not dead-end
+        # (the provider gone with the demo, the run paused again): the kept provider
+        # receives the email a second time, as the person asked.
+        resend = pasted.replace(" applied", " not_applied")
+        resolved = sh(f"{exports}\n{resend}", env)
         assert resolved.returncode == 0, resolved.stderr
-        assert resolved.stdout.strip() == f"{run_id}:2:c0 resolved as applied"
-        assert run()[0] == "queued" and email()[0] == "succeeded" and email()[1]
+        assert resolved.stdout.strip() == f"{run_id}:2:c0 resolved as not_applied"
+        assert run()[0] == "queued" and email()[0] == "planned"
 
         finisher = subprocess.Popen(
-            ["bash", "-euc", f"{export}\nexec {worker}"],
+            ["bash", "-euc", f"{exports}\nexec {worker}"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -150,12 +191,101 @@ def test_demo_keep_prints_commands_that_work(tmpdir_env: tuple[Path, dict[str, s
         assert re.fullmatch(
             r"o-\d+: ticket T-\d+, charged \d+ EUR \(ch-\d+\), emailed \S+\.", result
         )
+        assert email()[0] == "succeeded"
+    assert len(provider.effects(f"{run_id}:2:c0")) == 2
 
-    stopped = sh(stop.removeprefix("Stop it when done: "), env)
+    stopped = sh(stop.removeprefix("Stop both when done: "), env)
     assert stopped.returncode == 0, stopped.stderr
     assert not Path(directory[1]).exists()
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(url[1], connect_timeout=3).close()
+    with pytest.raises(OSError):  # the provider stopped with the cluster
+        provider.effects()
+    wait_for(lambda: not _started_by(base), timeout=10, what="no process of the demo left")
+    assert not list(base.iterdir())
+
+
+def test_database_url_is_used_only_when_given_and_said_first(
+    tmpdir_env: tuple[Path, dict[str, str]], runledger_database_url: str
+) -> None:
+    """``--database-url``: the first line names the database and what the demo does to it.
+    Its provider is gone when the demo ends, so a call the provider never got is not
+    offered as ``not_applied`` there (the run would only pause again)."""
+    base, env = tmpdir_env
+    url = runledger_database_url
+    demo = subprocess.run(
+        [sys.executable, "-m", "runledger", "demo", "--database-url", url, *SMALL],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = demo.stdout
+    assert demo.returncode == 0, f"{out}\n{demo.stderr}"
+    name = url.rsplit("/", 1)[1]
+    port = re.search(r":(\d+)/", url)
+    assert port, url
+    assert out.splitlines()[0] == (
+        f"--database-url: the demo runs in your database {name!r} at 127.0.0.1:{port[1]}, "
+        "not in a throwaway cluster: it migrates it (runledger's schema and roles) and "
+        "leaves its runs there"
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM runledger.runs WHERE run_id LIKE 'demo-%'")
+        assert row.fetchone() == (2,)
+    assert "\n  (or not_applied:" not in out
+    assert "\n  (or abandoned: give up on it, effect or not. Not not_applied: " in out
+    assert "The runs are in your database (--database-url): resolve them there." in out
+    assert not list(base.iterdir())  # no cluster, no provider log
+
+
+def test_without_postgresql_the_error_names_each_source_and_why(
+    tmpdir_env: tuple[Path, dict[str, str]],
+) -> None:
+    _, env = tmpdir_env
+    demo = subprocess.run(
+        [sys.executable, "-m", "runledger", "demo"],
+        env={**env, "RUNLEDGER_TEST_POSTGRES": "url"},  # the one source, and it is not set
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert demo.returncode == 1, demo.stdout + demo.stderr
+    assert demo.stdout == ""
+    assert demo.stderr.splitlines() == [
+        "Error: no PostgreSQL for the demo. Tried:",
+        "  - RUNLEDGER_TEST_DATABASE_URL: not set",
+        "Install PostgreSQL or pip install 'runledger-pg[embedded]', or run the demo in a "
+        "database of yours with --database-url.",
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root only the cluster runs as another user")
+def test_a_tmpdir_the_cluster_user_cannot_reach_is_named_in_the_error(
+    tmpdir_env: tuple[Path, dict[str, str]],
+) -> None:
+    """As root the cluster runs as ``postgres``: a private TMPDIR (0700) makes initdb fail
+    for every local binary and for the embedded wheel. The error says so, line by line,
+    where it used to drop every reason."""
+    base, env = tmpdir_env
+    base.chmod(0o700)
+    demo = subprocess.run(
+        [sys.executable, "-m", "runledger", "demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = demo.stderr.splitlines()
+    assert demo.returncode == 1, demo.stdout + demo.stderr
+    assert lines[0] == "Error: no PostgreSQL for the demo. Tried:", demo.stderr
+    assert "Traceback" not in demo.stderr and len(lines) <= 10, demo.stderr
+    initdb = [line for line in lines if line.startswith(("  - local binaries ", "  - embedded"))]
+    assert initdb, demo.stderr
+    for line in initdb:
+        assert re.search(r"initdb: error: could not access directory .*: Permission denied$", line)
+    assert f"it must be able to reach TMPDIR ({base})." in demo.stderr
+    assert not list(base.iterdir())
 
 
 def test_ctrl_c_stops_everything(tmpdir_env: tuple[Path, dict[str, str]]) -> None:

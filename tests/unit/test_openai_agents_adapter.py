@@ -546,14 +546,56 @@ async def test_a_failure_reaches_the_model_through_the_tools_failure_function() 
 async def test_a_call_failed_by_runledger_is_shown_as_the_sdk_shows_a_failure() -> None:
     script = Scripted([[call("send_email", {"to": "a@b"}, "call_1")], [text("ok")]])
     flow = make_flow(build_agent(script), Shop("T"))
-    abandoned = {"reason": "abandoned", "note": "called the customer"}
-    driven = await drive(flow, {"prompt": "x"}, fail=lambda turn, call_id: abandoned)
+    nothing = {"reason": "lookup found nothing", "attempts": 3}
+    driven = await drive(flow, {"prompt": "x"}, fail=lambda turn, call_id: nothing)
     assert driven.history[0].calls[0].status == "failed"
     assert script.seen[1].input[-1] == {
         "call_id": "call_1",
         "output": ERROR,
         "type": "function_call_output",
     }
+
+
+GIVEN_UP = (
+    "This tool call was given up by an operator: it may or may not have taken effect, "
+    "so do not repeat it."
+)
+
+
+async def test_an_abandoned_call_is_shown_as_given_up_not_as_an_error_to_retry() -> None:
+    """``runledger resolve KEY abandoned``: the email may have gone out. The SDK's "An error
+    occurred ... Please try again." would have the model send it again, without the
+    operator's note."""
+    script = Scripted([[call("send_email", {"to": "a@b"}, "call_1")], [text("ok")]])
+    flow = make_flow(build_agent(script), Shop("T"))
+    abandoned = {"reason": "abandoned", "note": "called the customer"}
+    driven = await drive(flow, {"prompt": "x"}, fail=lambda turn, call_id: abandoned)
+    assert driven.history[0].calls[0].status == "failed"
+    assert script.seen[1].input[-1] == {
+        "call_id": "call_1",
+        "output": f"{GIVEN_UP} The operator's note: called the customer",
+        "type": "function_call_output",
+    }
+
+
+@pytest.mark.parametrize("failure_function", ["custom", None], ids=["custom", "none"])
+async def test_an_abandoned_call_is_shown_as_given_up_whatever_the_failure_function(
+    failure_function: str | None,
+) -> None:
+    def shown(ctx: RunContextWrapper[Any], error: Exception) -> str:
+        return f"send failed: {error}"
+
+    @function_tool(failure_error_function=shown if failure_function else None)
+    def send_email(to: str) -> str:
+        """Send an email."""
+        return "sent"
+
+    script = Scripted([[call("send_email", {"to": "a@b"}, "call_1")], [text("ok")]])
+    agent: Agent[Any] = Agent(name="a", model=script, tools=[send_email])
+    flow = agent_flow(agent, name="a", safety={"send_email": "unsafe"})
+    driven = await drive(flow, {"prompt": "x"}, fail=lambda turn, call_id: {"reason": "abandoned"})
+    assert driven.output == "ok"
+    assert script.seen[1].input[-1]["output"] == GIVEN_UP
 
 
 async def test_a_tool_without_a_failure_function_fails_the_run_as_runner_run_raises() -> None:

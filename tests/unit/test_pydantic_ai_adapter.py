@@ -416,7 +416,8 @@ async def test_a_success_resets_a_tools_retry_count_like_agent_run() -> None:
     assert comparable(journaled.seen[-1]) == comparable(plain.seen[-1])
 
 
-async def test_a_call_failed_by_runledger_is_shown_as_a_failed_return() -> None:
+async def shown_for_failure(error: dict[str, Any]) -> ToolReturnPart:
+    """The part the model is sent for a send_email call recorded as failed with ``error``."""
     script = Script(
         [
             ModelResponse(parts=[ToolCallPart("send_email", {"to": "a@b"}, tool_call_id="t1")]),
@@ -424,13 +425,33 @@ async def test_a_call_failed_by_runledger_is_shown_as_a_failed_return() -> None:
         ]
     )
     flow = make_flow(build_agent(FunctionModel(script)), Deps("T"))
-    abandoned = {"reason": "abandoned", "note": "called the customer"}
-    driven = await drive(flow, {"prompt": "x"}, fail=lambda turn, call_id: abandoned)
+    driven = await drive(flow, {"prompt": "x"}, fail=lambda turn, call_id: error)
     assert driven.history[0].calls[0].status == "failed"
     [part] = script.seen[1][-1].parts
     assert isinstance(part, ToolReturnPart)
     assert (part.outcome, part.tool_call_id) == ("failed", "t1")
-    assert "abandoned" in part.content and "called the customer" in part.content
+    return part
+
+
+async def test_a_call_failed_by_runledger_is_shown_as_a_failed_return() -> None:
+    part = await shown_for_failure({"reason": "lookup found nothing", "attempts": 3})
+    assert part.content.startswith("The tool call failed and did not take effect: ")
+    assert "lookup found nothing" in part.content
+
+
+async def test_an_abandoned_call_is_shown_as_given_up_with_the_operators_note() -> None:
+    """``runledger resolve KEY abandoned``: the email may have gone out. The model must not
+    be told it did not take effect (it would send it again)."""
+    part = await shown_for_failure({"reason": "abandoned", "note": "called the customer"})
+    assert part.content == (
+        "This tool call was given up by an operator: it may or may not have taken effect, "
+        "so do not repeat it. The operator's note: called the customer"
+    )
+    part = await shown_for_failure({"reason": "abandoned"})  # resolved without --note
+    assert part.content == (
+        "This tool call was given up by an operator: it may or may not have taken effect, "
+        "so do not repeat it."
+    )
 
 
 class Refund(BaseModel):

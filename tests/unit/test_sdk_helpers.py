@@ -463,6 +463,52 @@ def _fields(call: HistoryCall) -> dict[str, Any]:
     return {name: getattr(call, name) for name in HistoryCall.__dataclass_fields__}
 
 
+# ``runledger resolve KEY abandoned --note ...``: the call's error as resolve_call writes it
+ABANDONED = {"reason": "abandoned", "note": "called the customer"}
+GIVEN_UP = (
+    "This tool call was given up by an operator: it may or may not have taken effect, "
+    "so do not repeat it. The operator's note: called the customer"
+)
+
+
+def test_anthropic_an_abandoned_call_is_shown_as_given_up_with_the_note() -> None:
+    """It may have taken effect: the model is told not to repeat it, not just handed an
+    error it would read as "it failed, try again"."""
+    decision = rl_anthropic.decision_from_message(copy.deepcopy(CLAUDE_TOOL_USE))
+    turn = executed(weather_flow(), decision, 0, [("succeeded", 1), ("failed", ABANDONED)])
+    [_, _, results] = rl_anthropic.messages_from_history("q", [turn])
+    assert results["content"][1] == {
+        "type": "tool_result",
+        "tool_use_id": "toolu_01B7rxDT6nFdeDbqW3kqrJ8Q",
+        "content": GIVEN_UP,
+        "is_error": True,
+    }
+    # a tool's own NotApplied("abandoned") is an ordinary failure: its error as it is
+    own = {"reason": "abandoned", "not_applied": True}
+    turn = executed(weather_flow(), decision, 0, [("succeeded", 1), ("failed", own)])
+    [_, _, results] = rl_anthropic.messages_from_history("q", [turn])
+    assert results["content"][1]["content"] == json.dumps(own)
+
+
+def test_openai_an_abandoned_call_is_shown_as_given_up_with_the_note() -> None:
+    chat = rl_openai.decision_from_chat_completion(copy.deepcopy(CHAT_TOOL_CALLS))
+    turn = executed(weather_flow(), chat, 0, [("succeeded", 1), ("failed", ABANDONED)])
+    messages = rl_openai.messages_from_history("q", [turn])
+    assert messages[-1] == {
+        "role": "tool",
+        "tool_call_id": "call_Zk4mN7pQ9r",
+        "content": json.dumps({"error": GIVEN_UP}),
+    }
+    response = rl_openai.decision_from_response(copy.deepcopy(RESPONSE_CALLS))
+    turn = executed(weather_flow(), response, 0, [("failed", ABANDONED), ("succeeded", 2)])
+    items = rl_openai.input_from_history("q", [turn])
+    assert items[-2] == {
+        "type": "function_call_output",
+        "call_id": "call_q1PD4iGPxXnV",
+        "output": json.dumps({"error": GIVEN_UP}),
+    }
+
+
 def test_anthropic_unusable_histories_are_refused() -> None:
     decision = rl_anthropic.decision_from_message(copy.deepcopy(CLAUDE_TOOL_USE))
     turn = executed(weather_flow(), decision, 0, [("succeeded", 1), ("succeeded", 2)])

@@ -59,7 +59,12 @@ def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     if turn == 2:
         body = f"Order {order} is expedited (ticket {ticket}); we charged {amount} EUR ({charge})."
         return _call("send_email", to=customer, subject=f"Order {order} expedited", body=body)
-    emailed = "emailed" if "send_email" in results else "did not email"  # abandoned: failed
+    if "send_email" in results:
+        emailed = "emailed"
+    elif _given_up(messages, "send_email"):  # abandoned by an operator: it may have gone out
+        emailed = "may or may not have emailed"
+    else:
+        emailed = "did not email"
     return ModelResponse(
         parts=[
             TextPart(
@@ -89,6 +94,19 @@ def _results(messages: list[ModelMessage]) -> dict[str, dict[str, Any]]:
                     content = part.content
                     out[part.tool_name] = dict(content) if isinstance(content, dict) else {}
     return out
+
+
+def _given_up(messages: list[ModelMessage], tool: str) -> bool:
+    """Whether the adapter told the model an operator gave up on a call of ``tool``."""
+    return any(
+        isinstance(part, ToolReturnPart)
+        and part.tool_name == tool
+        and part.outcome == "failed"
+        and "given up by an operator" in str(part.content)
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+    )
 
 
 def _call(tool: str, **args: Any) -> ModelResponse:

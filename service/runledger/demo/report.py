@@ -36,13 +36,16 @@ class Unknown:
     to: str
     effects: int  # the provider's effects under the key: what a person would check
 
-    @property
-    def resolution(self) -> str:
-        return "applied" if self.effects else "not_applied"
+    def resolution(self, resend: bool = True) -> str:
+        """What the provider's record says: ``applied``, else ``not_applied`` (sent again
+        under the same key), or ``abandoned`` where nothing could send it again (the
+        demo's provider is gone)."""
+        if self.effects:
+            return "applied"
+        return "not_applied" if resend else "abandoned"
 
-    @property
-    def command(self) -> str:
-        return f"runledger resolve {self.key} {self.resolution}"
+    def command(self, resend: bool = True) -> str:
+        return f"runledger resolve {self.key} {self.resolution(resend)}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,7 +194,13 @@ def _note(t: ToolLine) -> str:
     return f"{t.unknown} unknown: paused for a person" if t.unknown else ""
 
 
-def print_paused(unknown: Sequence[Unknown], say: Callable[[str], None]) -> None:
+def print_paused(
+    unknown: Sequence[Unknown], say: Callable[[str], None], *, resend: bool = True
+) -> None:
+    """The paused runs and the command that settles each. ``resend``: a call resolved
+    ``not_applied`` can be sent again (the demo's provider runs on, or the advice is for a
+    ``--keep`` run); without it, ``not_applied`` is not offered: the run would only pause
+    again, its tool unable to reach the provider."""
     if not unknown:
         return
     runs = len({u.run_id for u in unknown})
@@ -210,5 +219,11 @@ def print_paused(unknown: Sequence[Unknown], say: Callable[[str], None]) -> None
         what = f"the email to {u.to}" if u.tool == "send_email" else f"the {u.tool} call"
         seen = f"the provider has {what}" if u.effects else f"the provider never got {what}"
         say(f"  {u.run_id}: {seen}, so")
-        say(f"    {u.command}")
-    say("  (or not_applied: send it again under the same key; abandoned: give up on it)")
+        say(f"    {u.command(resend)}")
+    if resend:
+        say("  (or not_applied: send it again under the same key; abandoned: give up on it)")
+    else:
+        say(
+            "  (or abandoned: give up on it, effect or not. Not not_applied: sending it again "
+            "needs the demo's provider, which stopped with the demo)"
+        )

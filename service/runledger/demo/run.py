@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -27,7 +28,13 @@ from psycopg.types.json import Jsonb
 
 from runledger.db.migrate import upgrade
 from runledger.demo import HOLD_ENV, TURN, prompt_for
-from runledger.demo.cluster import DemoDatabase, DemoError, demo_database
+from runledger.demo.cluster import (
+    PROVIDER_LOG,
+    DemoDatabase,
+    DemoError,
+    demo_database,
+    keep_provider,
+)
 from runledger.demo.report import audit, print_audit, print_paused
 from runledger.testing.processes import ProviderProcess, WorkerPool, wait_for
 
@@ -81,12 +88,19 @@ class Plan:
 def run_demo(options: DemoOptions, say: Say = click.echo) -> int:
     """Play the demo; 0 when the audit holds, 1 otherwise (:class:`DemoError` when it
     cannot start). Everything it started is stopped on the way out, Ctrl-C and SIGTERM
-    included; with ``keep`` a throwaway cluster is left running once the demo finished."""
+    included; with ``keep`` a throwaway cluster is left running once the demo finished,
+    and with a local cluster the fake provider too, so that a run resolved as
+    ``not_applied`` can send its call again (``--stop`` ends both)."""
     _require_pydantic_ai()
     plan = Plan.make(options)
     with _sigterm_interrupts(), demo_database(options.database_url, say) as db:
         upgrade(db.url)
-        provider = ProviderProcess()
+        # --keep of a local cluster keeps the provider beside it (its log in its directory)
+        keeping = options.keep and db.throwaway and db.directory is not None
+        provider = ProviderProcess(
+            log=Path(db.directory) / PROVIDER_LOG if keeping and db.directory else None,
+            new_session=keeping,
+        )
         try:
             pool = WorkerPool(
                 db.url,
@@ -107,16 +121,26 @@ def run_demo(options: DemoOptions, say: Say = click.echo) -> int:
                 raise
             finally:
                 pool.close()
+            # a call resolved not_applied is sent again: advise it only where the provider
+            # runs on, or where the database ends with the demo (the advice is for --keep)
+            resend = keeping or (db.throwaway and not options.keep)
+            print_audit(result, elapsed, kills, say)
+            print_paused(result.unknown, say, resend=resend)
+            if options.keep and db.throwaway:
+                if db.backend == "docker":  # testcontainers removes it when this process ends
+                    say(
+                        "\n--keep: a Docker container cannot outlive the demo; "
+                        "use local PostgreSQL."
+                    )
+                else:
+                    db.keep()
+            kept = provider.url if keeping and db.kept else None
+            _footer(db, kept, [u.command(resend) for u in result.unknown], result.unknown, say)
+            if kept is not None and db.directory is not None:
+                keep_provider(db.directory, provider.proc.pid, provider.url)
+                provider.detach()
         finally:
-            provider.stop()
-        print_audit(result, elapsed, kills, say)
-        print_paused(result.unknown, say)
-        if options.keep and db.throwaway:
-            if db.backend == "docker":  # testcontainers removes it when this process ends
-                say("\n--keep: a Docker container cannot outlive the demo; use local PostgreSQL.")
-            else:
-                db.keep()
-        _footer(db, [u.command for u in result.unknown], [u.run_id for u in result.unknown], say)
+            provider.stop()  # nothing once detached
         return 0 if result.ok else 1
 
 
@@ -207,10 +231,15 @@ def _submit(
     )
 
 
-def _footer(db: DemoDatabase, commands: list[str], runs: list[str], say: Say) -> None:
+def _footer(
+    db: DemoDatabase, provider_url: str | None, commands: list[str], unknown: list[Any], say: Say
+) -> None:
+    """How to go on: the commands to paste while the database (and, with ``provider_url``,
+    the provider the demo's tools call) runs on."""
+    runs = [u.run_id for u in unknown]
     if not db.throwaway:
         if commands:
-            say("\nThe runs are in your database (RUNLEDGER_DATABASE_URL): resolve them there.")
+            say("\nThe runs are in your database (--database-url): resolve them there.")
         return
     if not db.kept:
         if commands:
@@ -218,9 +247,11 @@ def _footer(db: DemoDatabase, commands: list[str], runs: list[str], say: Say) ->
                 "\n(The throwaway database is gone now: `runledger demo --keep` leaves it running.)"
             )
         return
-    say("\nThe database is still running (--keep). In a shell:")
-    quoted = db.url.replace("'", "'\\''")  # a shell word, whatever the URL holds
-    say(f"  export RUNLEDGER_DATABASE_URL='{quoted}'")
+    running = "The database and the demo's provider are" if provider_url else "The database is"
+    say(f"\n{running} still running (--keep). In a shell:")
+    say(f"  export RUNLEDGER_DATABASE_URL={_shell_word(db.url)}")
+    if provider_url:
+        say(f"  export RUNLEDGER_PROVIDER_URL={_shell_word(provider_url)}")
     if commands:
         say(f"  runledger status {runs[0]}")
         say(f"  {commands[0]}")
@@ -228,9 +259,15 @@ def _footer(db: DemoDatabase, commands: list[str], runs: list[str], say: Say) ->
     else:
         say("  runledger audit")
     if db.directory:
-        say(f"Stop it when done: runledger demo --stop {db.directory}")
+        both = "both" if provider_url else "it"
+        say(f"Stop {both} when done: runledger demo --stop {db.directory}")
     else:
         say(f"Drop it when done: DROP DATABASE {db.url.rsplit('/', 1)[1].split('?')[0]}")
+
+
+def _shell_word(text: str) -> str:
+    quoted = text.replace("'", "'\\''")  # a shell word, whatever the text holds
+    return f"'{quoted}'"
 
 
 def _require_pydantic_ai() -> None:

@@ -1,5 +1,6 @@
-"""What the bare-SDK helpers share: the prompt before the first turn, and pairing each
-of a record's tool-call ids with the call of the history that carries it.
+"""What the adapters share about the history: the prompt before the first turn, pairing
+each of a record's tool-call ids with the call of the history that carries it (the
+bare-SDK helpers), and what every adapter tells the model of a call an operator gave up on.
 
 No SDK is imported here.
 """
@@ -20,6 +21,35 @@ class UnusableHistory(ValueError):
     """The history cannot be turned back into the provider's messages: a turn without a
     record (decided by a bare ``list[ToolCall]``), a record of another provider or API,
     or a tool call of the record without its call (or a call without its tool call)."""
+
+
+ABANDONED = (
+    "This tool call was given up by an operator: it may or may not have taken effect, "
+    "so do not repeat it."
+)
+
+
+def abandoned(call: HistoryCall) -> str | None:
+    """What the model is told of a call an operator gave up on (``runledger resolve KEY
+    abandoned``): :data:`ABANDONED` and the operator's note; None for any other call.
+
+    Such a call is ``failed`` with the error ``{"reason": "abandoned"}`` and, when the
+    operator gave one, ``"note"``; a tool's own ``NotApplied("abandoned")`` also carries
+    ``"not_applied"`` and is not one. Unlike any other failure it may have taken effect
+    (the email may have gone out), so no adapter shows it as a failure that did not.
+    """
+    error = call.error
+    if (
+        call.status != "failed"
+        or not isinstance(error, dict)
+        or error.get("reason") != "abandoned"
+        or not set(error) <= {"reason", "note"}
+    ):
+        return None
+    note = error.get("note")
+    if isinstance(note, str) and note.strip():
+        return f"{ABANDONED} The operator's note: {note.strip()}"
+    return ABANDONED
 
 
 def initial_messages(prompt_or_messages: Prompt) -> list[dict[str, Any]]:

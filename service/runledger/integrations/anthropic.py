@@ -40,6 +40,7 @@ from runledger.integrations._history import (
     Prompt,
     UnusableHistory,
 )
+from runledger.integrations._history import abandoned as _abandoned
 from runledger.integrations._history import initial_messages as _initial
 from runledger.integrations._history import pair_calls as _pair
 
@@ -149,7 +150,9 @@ def messages_from_history(
     - one user message with a ``tool_result`` block per ``tool_use`` of the record, in
       the record's order: ``tool_use_id`` is the call's ``provider_id``; ``content`` is
       the call's result (a string as it is, anything else as JSON text); a call that did
-      not succeed has ``is_error: true`` and its error as content.
+      not succeed has ``is_error: true`` and its error as content (a call an operator
+      gave up on: that it may or may not have taken effect and must not be repeated,
+      with the operator's note).
 
     Calls without a ``provider_id`` (added by the policy, not asked by the model) are
     not shown to the model. Raises :class:`UnusableHistory` when a turn cannot be
@@ -194,7 +197,11 @@ def _tool_result(tool_use_id: str, call: HistoryCall) -> dict[str, Any]:
 
 def _failure(call: HistoryCall) -> Any:
     """What the model is told of a call that did not succeed: its error, and its status
-    when that is not plain ``failed``."""
+    when that is not plain ``failed``; for a call an operator gave up on, that it may
+    have taken effect and must not be repeated, with the operator's note."""
+    given_up = _abandoned(call)
+    if given_up is not None:
+        return given_up
     if call.status == "failed" and call.error is not None:
         return call.error
     return {"status": call.status, "error": call.error}

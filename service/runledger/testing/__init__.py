@@ -55,6 +55,7 @@ except ImportError:  # a production install (no runledger-pg[testing]): helpers 
 else:
     from runledger.testing.plugin import (  # noqa: F401
         DbClock,
+        pytest_configure,
         runledger_admin_conn,
         runledger_database_url,
         runledger_databases,

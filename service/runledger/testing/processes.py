@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -50,15 +50,27 @@ class ProviderProcess:
     skips importing runledger (a second off every test that starts one).
     """
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
-            "w+", prefix="runledger-provider-", delete=False
+    def __init__(
+        self, host: str = "127.0.0.1", *, log: Path | None = None, new_session: bool = False
+    ) -> None:
+        """``log``: where its stderr goes (default: a temporary file, removed by
+        :meth:`stop`); ``new_session``: in a session of its own, out of reach of the
+        terminal's Ctrl-C and hang-up (for a provider that may outlive its starter, see
+        :meth:`detach`)."""
+        self.log: IO[str] = (
+            log.open("w+")
+            if log is not None
+            else tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the process
+                "w+", prefix="runledger-provider-", delete=False
+            )
         )
+        self.detached = False
         self.proc = subprocess.Popen(
             [sys.executable, "-u", "-I", str(PROVIDER_SCRIPT), "--host", host, "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
+            start_new_session=new_session,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -71,6 +83,9 @@ class ProviderProcess:
         self.client: ProviderClient = ProviderClient(self.url)
 
     def stop(self) -> None:
+        """Kill it and remove its log; once :meth:`detach` was called, nothing."""
+        if self.detached:
+            return
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
@@ -79,6 +94,16 @@ class ProviderProcess:
         self.log.close()
         with contextlib.suppress(OSError):
             os.unlink(self.log.name)
+
+    def detach(self) -> int:
+        """Leave it running when this process ends (it writes nothing more to the pipe it
+        was started with); :meth:`stop` does nothing after. Returns its pid: whoever keeps
+        it must end it."""
+        self.detached = True
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+        return self.proc.pid
 
 
 class WorkerPool:

@@ -16,7 +16,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from runledger.flows import Decision, HistoryCall, HistoryTurn, InvalidDecision, PolicyContext
-from runledger.integrations._history import UnusableHistory
+from runledger.integrations._history import UnusableHistory, abandoned
 
 log = logging.getLogger("runledger.integrations.openai")
 
@@ -98,9 +98,13 @@ def _record(turn: HistoryTurn) -> dict[str, Any]:
 
 def _output(call: HistoryCall) -> str:
     """What the model is told of a call: its result, or ``{"error": ...}`` (with the
-    status when it is not plain ``failed``)."""
+    status when it is not plain ``failed``; for a call an operator gave up on, the error
+    says it may have taken effect and must not be repeated, with the operator's note)."""
+    given_up = abandoned(call)
     if call.status == "succeeded":
         value = call.result
+    elif given_up is not None:
+        value = {"error": given_up}
     elif call.status == "failed":
         value = {"error": call.error}
     else:

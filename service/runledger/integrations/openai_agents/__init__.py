@@ -15,6 +15,9 @@
   JSON, or failing validation) and a tool raising :class:`runledger.NotApplied` fail the
   call at once (certainly no effect); any other exception is ambiguous and recovered by
   the tool's safety class first (where ``Runner.run`` would tell the model at once).
+  A call an operator gave up on (``abandoned``) is no failure of the tool: the model is
+  told it may or may not have taken effect and must not be repeated, with the
+  operator's note, whatever the tool's failure function.
 - **Not supported, refused when the flow is built**: handoffs, guardrails (agent and
   tool), MCP servers, hosted and other non-function tools, agents as tools, tools that
   need approval or deferred loading, namespaced tools, agent hooks, a ``tool_use_behavior``

@@ -33,7 +33,7 @@ from runledger.flows import (
     PolicyContext,
     ToolCall,
 )
-from runledger.integrations._history import UnusableHistory, pair_calls
+from runledger.integrations._history import UnusableHistory, abandoned, pair_calls
 from runledger.integrations.openai import InvalidToolArguments
 from runledger.integrations.openai_agents.records import (
     call_output,
@@ -215,7 +215,14 @@ class AgentPolicy:
 
     async def failed_output(self, call: HistoryCall, key: str, value: Any) -> str:
         """What ``Runner.run`` shows the model for a failed call: the tool's failure function
-        applied to the failure (the SDK's default: a fixed "An error occurred" message)."""
+        applied to the failure (the SDK's default: a fixed "An error occurred" message).
+
+        A call an operator gave up on is no failure of the tool: it may have taken effect,
+        and the SDK's "Please try again" would have the model send it again. The model is
+        told so, with the operator's note, whatever the tool's failure function."""
+        given_up = abandoned(call)
+        if given_up is not None:
+            return given_up
         rendered, output, message = failure(call)
         if rendered and output is not None:
             return output

@@ -15,9 +15,11 @@
   called with arguments that fail validation, is a failed call that the model sees as the
   retried ``ToolReturnPart`` Pydantic AI builds (the tool's retry budget is counted over
   the journal, and exhausting it fails the run as ``agent.run`` raises); ``ToolFailed``
-  becomes the failed ``ToolReturnPart``. A call that failed in runledger's own terms (an
-  operator's ``abandoned``, a lookup that found nothing on the last attempt) is shown as a
-  failed ``ToolReturnPart`` that names the reason. Raising ``ModelRetry`` or ``ToolFailed``
+  becomes the failed ``ToolReturnPart``. A call that failed in runledger's own terms (a
+  lookup that found nothing on the last attempt) is shown as a failed ``ToolReturnPart``
+  that names the reason; one an operator gave up on (``abandoned``) as a failed
+  ``ToolReturnPart`` saying that it may or may not have taken effect and must not be
+  repeated, with the operator's note. Raising ``ModelRetry`` or ``ToolFailed``
   declares that the effect did not happen (it is runledger's ``NotApplied``); any other
   exception is ambiguous and is recovered by the tool's safety class.
 

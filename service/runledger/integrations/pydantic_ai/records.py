@@ -12,6 +12,7 @@ from pydantic_ai.exceptions import ModelRetry, ToolFailed
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, ToolReturn
 
 from runledger.flows import HistoryCall, NotApplied
+from runledger.integrations._history import abandoned
 
 MARK = "pydantic_ai"  # key of the JSON a NotApplied reason carries for a Pydantic AI failure
 
@@ -50,8 +51,12 @@ def model_visible(exc: ModelRetry | ToolFailed) -> NotApplied:
 
 
 def failure(call: HistoryCall) -> tuple[str, Any, Any]:
-    """``(kind, cause, content)`` of a failed call: what the tool raised, or runledger's
-    own reason (``failed``: the call did not take effect and will not be repeated)."""
+    """``(kind, cause, content)`` of a failed call: what the tool raised, an operator's
+    ``abandoned`` (it may have taken effect), a person's denial, or runledger's own
+    reason (``failed``: the call did not take effect and will not be repeated)."""
+    given_up = abandoned(call)
+    if given_up is not None:
+        return "failed", None, given_up
     error = call.error if isinstance(call.error, dict) else {}
     reason = error.get("reason")
     if isinstance(reason, str):
