@@ -70,6 +70,10 @@ def sent_earlier(active: ActiveRun, call: Call) -> bool:
     )
 
 
+# how a send of this holder ended (the window it left, what it has in hand), not journaled
+Ended = tuple[Known, tuple[Any, dict[str, Any] | None]]
+
+
 def _ended(known: Known, in_hand: tuple[Any, dict[str, Any] | None]) -> dict[str, Any] | None:
     """How this holder's send ended, as ``release_call`` says it, from the window it left."""
     match known.window:
@@ -151,7 +155,7 @@ class Calls:
         # how this holder's own send of the call ended, while that is not journaled yet:
         # if the run is lost meanwhile, the next holder is told (release_call) rather than
         # wait for this lease to expire
-        ended: list[dict[str, Any] | None] = [None]
+        ended: list[Ended | None] = [None]
         try:
             while True:
                 step = recovery.next_step(known)
@@ -229,16 +233,18 @@ class Calls:
                             known = evolve(known, sender_active=True, looked_up=LookedUp.NOT_ASKED)
                             continue
                         dispatched = None
-                        ended[0] = _ended(known, in_hand)
+                        ended[0] = (known, in_hand)  # read only if the run is lost
         except Exception:
             # the lease was refused, or the worker hit an error and hands the run back:
             # told before it does, so the next holder finds the release (with the result)
-            if ended[0] is not None:
-                await self._release(active, call, ended[0])
+            told = None if ended[0] is None else _ended(*ended[0])
+            if told is not None:
+                await self._release(active, call, told)
             raise
         except BaseException:  # cancelled (fenced locally): not held up by the release
-            if ended[0] is not None:
-                self.writes.track(active, self._release(active, call, ended[0]), busy=False)
+            told = None if ended[0] is None else _ended(*ended[0])
+            if told is not None:
+                self.writes.track(active, self._release(active, call, told), busy=False)
             raise
 
     def _next_to_send(self, active: ActiveRun, flow: Flow, call: Call | None) -> Call | None:
@@ -261,7 +267,7 @@ class Calls:
         call: Call,
         known: Known,
         dispatched: int | None = None,
-        ended: list[dict[str, Any] | None] | None = None,
+        ended: list[Ended | None] | None = None,
     ) -> tuple[int, Known, tuple[Any, dict[str, Any] | None]]:
         """``dispatch_call`` (committed before the tool runs), then invoke the tool. With
         ``dispatched`` the dispatch committed already (with the previous call's result).
