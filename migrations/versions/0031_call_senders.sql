@@ -190,9 +190,11 @@ BEGIN
     PERFORM runledger._check_json_object('detail', p_detail);
     IF NOT (p_detail ? 'ended') OR jsonb_typeof(p_detail -> 'ended') <> 'string'
        OR NOT (p_detail ->> 'ended' = ANY (ARRAY['returned', 'raised', 'not_applied',
-                                                 'cancelled', 'process_gone'])) THEN
+                                                 'cancelled', 'not_sent',
+                                                 'process_gone'])) THEN
         PERFORM runledger._raise('RL006',
-            'detail.ended must be returned, raised, not_applied, cancelled or process_gone',
+            'detail.ended must be returned, raised, not_applied, cancelled, not_sent or '
+            'process_gone',
             format('detail.ended is %s', coalesce(p_detail -> 'ended', 'null'::jsonb)), NULL);
     END IF;
     IF p_lease_id IS NULL OR p_fencing_token IS NULL THEN

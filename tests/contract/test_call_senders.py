@@ -214,3 +214,14 @@ def test_a_next_call_dispatched_with_a_result_checks_its_sender_too(
         )
     assert call_row(admin_conn, k2)["dispatched_token"] == old.token
     assert call_row(admin_conn, k1)["status"] == "dispatched"
+
+
+def test_a_call_dispatched_but_never_sent_is_released_as_such(
+    connect: Connect, worker: Conn, worker2: Conn, admin_conn: Conn
+) -> None:
+    old, new, k = taken_over_in_flight(connect, worker, worker2)
+    assert release(worker, old, k, "w1", {"ended": "not_sent"}) is True
+    seen = sender(worker2, new, k)
+    assert seen is not None and seen["until"] is None
+    assert seen["released"]["ended"] == "not_sent"
+    assert dispatch(worker2, new, k) == 2

@@ -278,15 +278,25 @@ class Calls:
             check_boundary(active)
             self.crash.hit("before_dispatch", tool.name)
             # attempts only grow while we hold the lease: the count before this send
-            attempt = await self.writes.dispatch(
-                active, call, attempts_seen=known.attempts + known.tries
-            )
+            try:
+                attempt = await self.writes.dispatch(
+                    active, call, attempts_seen=known.attempts + known.tries
+                )
+            except asyncio.CancelledError:
+                # fenced while the dispatch was on its way: it may still land, and then
+                # the call is dispatched with nothing sent
+                self.writes.track(active, self._unsent(active, call, landing=True), busy=False)
+                raise
         else:
             attempt = dispatched
         if ended is not None:
             ended[0] = None
-        self.crash.hit("after_dispatch", tool.name)
-        check_deadline(active)  # no call starts after the local deadline
+        try:
+            self.crash.hit("after_dispatch", tool.name)
+            check_deadline(active)  # no call starts after the local deadline
+        except BaseException:
+            self.writes.track(active, self._unsent(active, call), busy=False)
+            raise
         sent = evolve(
             known,
             tries=known.tries + 1,
@@ -454,6 +464,26 @@ class Calls:
                 },
             )
 
+    async def _unsent(self, active: ActiveRun, call: Call, *, landing: bool = False) -> None:
+        """Release a call this holder dispatched but never sent (its tool never started):
+        the next holder sends it, whatever its class, without waiting for this lease.
+        ``landing``: the dispatch may still be on its way; until it has landed the release
+        is refused (the call is not dispatched under this lease), so it is tried again for
+        a few seconds, after which there is nothing to release."""
+        c = active.claim
+        args = (c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, self.writes.worker_id)
+        for _ in range(30 if landing else 1):
+            try:
+                await self.writes.store.release_call(*args, {"ended": "not_sent"})
+                return
+            except (errors.LeaseLost, errors.InvalidInput):
+                if not landing:
+                    return
+            except Exception as exc:
+                log.info("an unsent call not released: %r", exc, extra={"run_id": c.run_id})
+                return
+            await asyncio.sleep(0.1)
+
     async def _await_sender(
         self, active: ActiveRun, call: Call, known: Known
     ) -> tuple[Known, tuple[Any, dict[str, Any] | None]]:
@@ -482,6 +512,8 @@ class Calls:
                     },
                 )
                 fresh = evolve(known, sender_active=False, looked_up=LookedUp.NOT_ASKED)
+                if released.get("ended") == "not_sent":  # certainly not sent: send it
+                    return evolve(fresh, window=Window.PLANNED), (None, None)
                 if released.get("ended") == "returned" and "result" in released:
                     receipt = released.get("receipt")
                     return evolve(fresh, window=Window.RETURNED), (

@@ -795,7 +795,8 @@ $$;
 --     over, or it fenced itself), once its tool has returned, raised or been cancelled.
 --     The lease is that of the claim that granted the token (its 'claimed' or 'takeover'
 --     event). p_detail says how the send ended: 'ended' ('returned', 'raised',
---     'not_applied', 'cancelled') and, when it returned, its 'result' and 'receipt'
+--     'not_applied', 'cancelled'; 'not_sent': dispatched, but the tool never started) and,
+--     when it returned, its 'result' and 'receipt'
 --     (the next holder journals them instead of asking the provider again);
 --   - the run's current holder (its current, unexpired lease), for a call an earlier
 --     holder sent, when it has found that sender's process gone: p_detail carries the
@@ -821,9 +822,11 @@ BEGIN
     PERFORM runledger._check_json_object('detail', p_detail);
     IF NOT (p_detail ? 'ended') OR jsonb_typeof(p_detail -> 'ended') <> 'string'
        OR NOT (p_detail ->> 'ended' = ANY (ARRAY['returned', 'raised', 'not_applied',
-                                                 'cancelled', 'process_gone'])) THEN
+                                                 'cancelled', 'not_sent',
+                                                 'process_gone'])) THEN
         PERFORM runledger._raise('RL006',
-            'detail.ended must be returned, raised, not_applied, cancelled or process_gone',
+            'detail.ended must be returned, raised, not_applied, cancelled, not_sent or '
+            'process_gone',
             format('detail.ended is %s', coalesce(p_detail -> 'ended', 'null'::jsonb)), NULL);
     END IF;
     IF p_lease_id IS NULL OR p_fencing_token IS NULL THEN
