@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from alembic import context
+from alembic.util import CommandError
 from sqlalchemy import create_engine, pool, text
 from sqlalchemy.exc import DBAPIError
 
@@ -105,15 +106,15 @@ def _each_holding_event_writers(
 
     def each(heads: Any, migration_context: Any) -> Iterator[Any]:
         for step in steps(heads, migration_context):
-            script = getattr(step, "revision", None)
-            if getattr(script, "revision", None) in HOLD_EVENT_WRITERS:
-                _hold_event_writers(connection)
+            revision = getattr(getattr(step, "revision", None), "revision", None)
+            if revision in HOLD_EVENT_WRITERS:
+                _hold_event_writers(connection, revision)
             yield step
 
     return each
 
 
-def _hold_event_writers(connection: Any) -> None:
+def _hold_event_writers(connection: Any, revision: str) -> None:
     """Take ``runledger.runs`` in ACCESS EXCLUSIVE mode, in the transaction of the
     revision about to run, so that no event write is in flight while it runs.
 
@@ -136,7 +137,8 @@ def _hold_event_writers(connection: Any) -> None:
 
     Each try waits at most HOLD_TRY_SECONDS (``lock_timeout``, in a savepoint), so the
     workers queue behind the lock that long at most; between tries they go on. After
-    HOLD_SECONDS the migration stops with the sessions that held the table.
+    HOLD_SECONDS the migration stops (CommandError, one line from ``runledger migrate``)
+    naming the sessions that held the table.
     """
     if connection.execute(text("SELECT to_regclass('runledger.runs')")).scalar() is None:
         return  # an empty database: no writer yet
@@ -157,10 +159,10 @@ def _hold_event_writers(connection: Any) -> None:
             if getattr(exc.orig, "sqlstate", None) != "55P03":
                 raise
             if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"runledger migrate: runledger.runs was not free within {hold_seconds:g} s"
-                    f" (held by {_holders(connection)}); nothing of this revision was applied,"
-                    " run it again"
+                raise CommandError(
+                    f"runledger.runs was not free within {hold_seconds:g} s (held by"
+                    f" {_holders(connection)}); nothing of revision {revision} was applied:"
+                    " run `runledger migrate` again once they are done"
                 ) from exc
             if not waited:
                 log.warning("runledger.runs is held by %s; trying again", _holders(connection))

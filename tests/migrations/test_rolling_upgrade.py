@@ -11,7 +11,10 @@ workers of an earlier commit through the whole upgrade.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 from alembic import command
+from alembic.util import CommandError
 
 from runledger.audit import CHAIN_CHECKS
 from runledger.db import migrate
@@ -178,7 +182,7 @@ def test_the_hold_gives_up_naming_the_session_that_holds_the_runs(
         writer.execute("SELECT runledger.cancel_run('r1', 'operator', 'test')")  # uncommitted
         migration = Background(lambda: command.upgrade(config, CHAIN))
         with pytest.raises(
-            RuntimeError, match=r"not free within 2 s \(held by pid \d+ 'long-writer'"
+            CommandError, match=r"not free within 2 s \(held by pid \d+ 'long-writer'"
         ):
             migration.join(timeout=60)
     assert admin.execute("SELECT version_num FROM runledger.alembic_version").fetchone() == (
@@ -227,3 +231,20 @@ def test_each_revision_that_changes_the_event_writers_says_whether_it_holds_them
     assert set(re.findall(r'"(\d{4})"', held)) == {
         r for r, why in EVENT_WRITER_REVISIONS.items() if why.startswith("HOLD")
     }
+
+
+def test_what_migrate_refuses_is_one_line(empty_database_url: str) -> None:
+    """Alembic's refusals (here a revision that does not exist; also a revision that could
+    not hold the event writers) reach the user as one line and exit 1, not a traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "runledger", "migrate", "--revision", "9999"],
+        env={**os.environ, "RUNLEDGER_DATABASE_URL": empty_database_url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (
+        1,
+        "error: RunLedgerError: Can't locate revision identified by '9999'\n",
+    )
