@@ -129,6 +129,11 @@ def test_a_write_during_0016_waits_outside_the_event_writer_and_gets_its_hash(
     ).fetchall()
     assert events == [(1, "submitted", False), (2, "run_cancelled", True)]
     assert through == 1  # the submit is before the chain; the cancel is in it
+    # a checkpoint takes the cancel as the run's head (an event without its hash there
+    # would fail checkpoint_head_changed as well as event_chain_broken)
+    assert admin.execute(
+        "SELECT runs, created FROM runledger.checkpoint_events('test', interval '0')"
+    ).fetchone() == (1, True)
     assert chain_findings(admin) == {c.name: [] for c in CHAIN_CHECKS}
 
 
