@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from runledger.db.execution import connect_error, is_connection_error, probe_blocking
-from runledger.errors import ConfigurationError
+from runledger.errors import ConfigurationError, RunLedgerError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -185,10 +185,17 @@ def _mapped(url: str) -> Iterator[None]:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
+    """Upgrade to ``revision``. What Alembic or migrations/env.py refuse (a revision that
+    does not exist; ``runledger.runs`` held past the wait of a revision that holds the
+    event writers) is a :class:`~runledger.errors.RunLedgerError` of one line."""
     from alembic import command
+    from alembic.util import CommandError
 
     with _mapped(url):
-        command.upgrade(alembic_config(url), revision)
+        try:
+            command.upgrade(alembic_config(url), revision)
+        except CommandError as exc:
+            raise RunLedgerError(str(exc)) from exc
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -1,0 +1,255 @@
+"""`runledger migrate` under writers of the release before: the revision that starts the
+hash chain (0016) holds the writers of events outside the event writer (migrations/env.py,
+HOLD_EVENT_WRITERS), so a write that comes while it runs gets its hash.
+
+The migration is stopped before it commits by a session that holds the version table (SHARE
+mode lets Alembic read it and makes its UPDATE wait): what a worker's write does meanwhile
+is then a matter of locks, not of timing. tests/process/test_rolling_upgrade.py runs real
+workers of an earlier commit through the whole upgrade.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from alembic import command
+from alembic.util import CommandError
+
+from runledger.audit import CHAIN_CHECKS
+from runledger.db import migrate
+from runledger.testing import wait_for
+from tests.migrations.helpers import MIGRATIONS
+
+BEFORE_CHAIN = "0015"  # the last revision whose event writer writes no hash
+CHAIN = "0016"
+
+
+class Background:
+    """``fn`` in a thread; ``join`` re-raises what it raised."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def join(self, timeout: float = 60.0) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "still running"
+        if self.error is not None:
+            raise self.error
+
+
+@contextmanager
+def version_table_held(url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A transaction holding runledger.alembic_version in SHARE mode: a migration reads
+    the version, runs its revision, then waits to write the version (before its commit).
+    Committing the connection lets it go on."""
+    with psycopg.connect(url) as holder:
+        holder.execute("LOCK TABLE runledger.alembic_version IN SHARE MODE")
+        yield holder
+
+
+def waiting_for(admin: psycopg.Connection[Any], pid: int) -> list[int]:
+    """The backends that wait for a lock ``pid`` holds."""
+    rows = admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE %s = ANY (pg_blocking_pids(pid)) ORDER BY pid",
+        (pid,),
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def awaited_table(admin: psycopg.Connection[Any], pid: int) -> str | None:
+    row = admin.execute(
+        "SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND NOT granted",
+        (pid,),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def chain_findings(admin: psycopg.Connection[Any]) -> dict[str, list[Any]]:
+    """What runledger audit's hash-chain checks find (empty lists: it passes)."""
+    return {c.name: admin.execute(c.sql).fetchall() for c in CHAIN_CHECKS}
+
+
+@pytest.fixture
+def at_0015(empty_database_url: str) -> Iterator[tuple[str, psycopg.Connection[Any]]]:
+    """A database of the release before the chain, with a queued run ``r1``."""
+    migrate.upgrade(empty_database_url, BEFORE_CHAIN)
+    with psycopg.connect(empty_database_url, autocommit=True) as admin:
+        admin.execute("SELECT * FROM runledger.submit_run('r1', 'f', '1', '{}'::jsonb)")
+        yield empty_database_url, admin
+
+
+def test_a_write_during_0016_waits_outside_the_event_writer_and_gets_its_hash(
+    at_0015: tuple[str, psycopg.Connection[Any]],
+) -> None:
+    url, admin = at_0015
+    with version_table_held(url) as holder:
+        migration = Background(lambda: migrate.upgrade(url, CHAIN))
+        (migrator,) = wait_for(
+            lambda: waiting_for(admin, holder.info.backend_pid), what="0016 done, uncommitted"
+        )
+        with psycopg.connect(url, autocommit=True) as writer:
+            pid = writer.info.backend_pid
+            write = Background(
+                lambda: writer.execute("SELECT runledger.cancel_run('r1', 'operator', 'test')")
+            )
+            wait_for(lambda: pid in waiting_for(admin, migrator), what="the cancel waiting")
+            # The cancel waits for the run's table, before it enters runledger._event. Were
+            # it let in, its 0015 _event would wait for run_events (0016 added the hash column
+            # there) and insert after the commit with the old body: no hash.
+            assert awaited_table(admin, pid) == "runledger.runs"
+            holder.commit()
+            migration.join()
+            write.join()
+
+    assert admin.execute("SELECT version_num FROM runledger.alembic_version").fetchone() == (CHAIN,)
+    (through,) = admin.execute(
+        "SELECT through_event_id FROM runledger.event_checkpoints WHERE checkpoint_id = 0"
+    ).fetchone() or (None,)
+    events = admin.execute(
+        "SELECT event_id, kind, hash IS NOT NULL FROM runledger.run_events ORDER BY event_id"
+    ).fetchall()
+    assert events == [(1, "submitted", False), (2, "run_cancelled", True)]
+    assert through == 1  # the submit is before the chain; the cancel is in it
+    # a checkpoint takes the cancel as the run's head (an event without its hash there
+    # would fail checkpoint_head_changed as well as event_chain_broken)
+    assert admin.execute(
+        "SELECT runs, created FROM runledger.checkpoint_events('test', interval '0')"
+    ).fetchone() == (1, True)
+    assert chain_findings(admin) == {c.name: [] for c in CHAIN_CHECKS}
+
+
+def test_the_hold_waits_for_a_write_in_flight_trying_again(
+    at_0015: tuple[str, psycopg.Connection[Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer that holds the run when 0016 starts ends first, with its 0015 event (before
+    the chain); the migration's lock waits one try (lock_timeout) after another meanwhile,
+    letting the other sessions through between them."""
+    url, admin = at_0015
+    caplog.set_level(logging.WARNING, logger="runledger.migrate")
+    with psycopg.connect(url, application_name="writer-in-flight") as writer:
+        writer.execute("SELECT runledger.cancel_run('r1', 'operator', 'test')")  # uncommitted
+        migration = Background(lambda: migrate.upgrade(url, CHAIN))
+        (migrator,) = wait_for(
+            lambda: waiting_for(admin, writer.info.backend_pid), what="0016 waiting for runs"
+        )
+
+        def started() -> Any:
+            row = admin.execute(
+                "SELECT query_start FROM pg_stat_activity WHERE pid = %s", (migrator,)
+            ).fetchone()
+            return row[0] if row else None
+
+        first = started()
+        wait_for(lambda: started() != first, timeout=30, what="a second try of the lock")
+        # a try gives up after HOLD_TRY_SECONDS: a read that queued behind it gets through
+        with psycopg.connect(url, autocommit=True, options="-c statement_timeout=20s") as reader:
+            assert reader.execute("SELECT count(*) FROM runledger.runs").fetchone() == (1,)
+        assert admin.execute("SELECT version_num FROM runledger.alembic_version").fetchone() == (
+            BEFORE_CHAIN,
+        )
+        writer.commit()
+        migration.join()
+
+    assert any("writer-in-flight" in r.getMessage() for r in caplog.records), caplog.text
+    (through,) = admin.execute(
+        "SELECT through_event_id FROM runledger.event_checkpoints WHERE checkpoint_id = 0"
+    ).fetchone() or (None,)
+    assert through == 2  # the cancel committed before 0016: it is before the chain
+    assert chain_findings(admin) == {c.name: [] for c in CHAIN_CHECKS}
+
+
+def test_the_hold_gives_up_naming_the_session_that_holds_the_runs(
+    at_0015: tuple[str, psycopg.Connection[Any]],
+) -> None:
+    url, admin = at_0015
+    config = migrate.alembic_config(url)
+    config.attributes["hold_seconds"] = 2.0
+    with psycopg.connect(url, application_name="long-writer") as writer:
+        writer.execute("SELECT runledger.cancel_run('r1', 'operator', 'test')")  # uncommitted
+        migration = Background(lambda: command.upgrade(config, CHAIN))
+        with pytest.raises(
+            CommandError, match=r"not free within 2 s \(held by pid \d+ 'long-writer'"
+        ):
+            migration.join(timeout=60)
+    assert admin.execute("SELECT version_num FROM runledger.alembic_version").fetchone() == (
+        BEFORE_CHAIN,
+    )
+    migrate.upgrade(url, CHAIN)  # once the writer is gone
+    assert chain_findings(admin) == {c.name: [] for c in CHAIN_CHECKS}
+
+
+# Each revision that defines a writer of run_events, or alters the table. Those that change
+# what a write puts there (the hash, its input, the chain's order) are in HOLD_EVENT_WRITERS;
+# the others keep the chain as it was, and a write that ends on their old body is still a
+# link of it.
+EVENT_WRITER_REVISIONS = {
+    "0001": "the first writers",
+    "0002": "_event with p_at (no hash yet)",
+    "0007": "_event in PL/pgSQL (no hash yet)",
+    "0015": "_event notifies (no hash yet)",
+    "0016": "HOLD: the hash chain starts",
+    "0021": "_event locks the last event row and checks it is still the last: same links",
+    "0023": "_event refuses REPEATABLE READ: same links",
+    "0025": "_event relies on the run's row lock: same links",
+    "0027": "run_events' CHECKs call functions: same rows",
+    "0028": "_events, one INSERT for the events of one write: same links",
+}
+WRITER = re.compile(
+    r"FUNCTION\s+runledger\.(_event|_events|_event_rows|_event_hash)\s*\("
+    r"|INSERT\s+INTO\s+runledger\.run_events\b"
+    r"|ALTER\s+TABLE\s+(ONLY\s+)?runledger\.run_events\b",
+    re.IGNORECASE,
+)
+
+
+def test_each_revision_that_changes_the_event_writers_says_whether_it_holds_them() -> None:
+    """A new revision that defines the writers of run_events (or alters the table) is a
+    decision: if it changes what they write, add it to HOLD_EVENT_WRITERS in
+    migrations/env.py; then name it in EVENT_WRITER_REVISIONS here."""
+    found = {
+        path.name[:4]
+        for path in sorted((MIGRATIONS / "versions").glob("*.sql"))
+        if not path.name.endswith(".down.sql") and WRITER.search(path.read_text("utf-8"))
+    }
+    assert found == set(EVENT_WRITER_REVISIONS)
+    env = (MIGRATIONS / "env.py").read_text("utf-8")
+    (held,) = re.findall(r"HOLD_EVENT_WRITERS = frozenset\(\{([^}]*)\}\)", env)
+    assert set(re.findall(r'"(\d{4})"', held)) == {
+        r for r, why in EVENT_WRITER_REVISIONS.items() if why.startswith("HOLD")
+    }
+
+
+def test_what_migrate_refuses_is_one_line(empty_database_url: str) -> None:
+    """Alembic's refusals (here a revision that does not exist; also a revision that could
+    not hold the event writers) reach the user as one line and exit 1, not a traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "runledger", "migrate", "--revision", "9999"],
+        env={**os.environ, "RUNLEDGER_DATABASE_URL": empty_database_url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (
+        1,
+        "error: RunLedgerError: Can't locate revision identified by '9999'\n",
+    )
