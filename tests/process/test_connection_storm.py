@@ -13,7 +13,7 @@ import os
 import random
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, LiteralString
 
 import pytest
 
@@ -23,7 +23,11 @@ from tests.process.conftest import submit
 pytestmark = [pytest.mark.process, pytest.mark.chaos, pytest.mark.slow]
 
 # one tool of each class that has an effect, each in its own turn
-PLAN = [[{"tool": "ticket"}], [{"tool": "charge", "args": {"amount": 3}}], [{"tool": "email"}]]
+PLAN: list[list[dict[str, Any]]] = [
+    [{"tool": "ticket"}],
+    [{"tool": "charge", "args": {"amount": 3}}],
+    [{"tool": "email"}],
+]
 ARRIVAL = 0.3  # s a request spends on its way before the provider applies it
 
 
@@ -37,19 +41,18 @@ def _backends(conn: Any, kinds: tuple[str, ...]) -> list[tuple[int, str]]:
 
 
 def _settled(conn: Any, prefix: str) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM runledger.runs"
-        " WHERE run_id LIKE %s AND status IN ('succeeded', 'paused')",
-        (prefix + "%",),
-    ).fetchone()
-    return int(row[0])
+    return _count(conn, "runs WHERE status IN ('succeeded', 'paused')", prefix)
 
 
 def _takeovers(conn: Any, prefix: str) -> int:
+    """Runs taken over because their holder's session had ended."""
+    where = "run_events WHERE kind = 'takeover' AND detail->>'holder' = 'session_ended'"
+    return _count(conn, where, prefix)
+
+
+def _count(conn: Any, where: LiteralString, prefix: str) -> int:
     row = conn.execute(
-        "SELECT count(*) FROM runledger.run_events WHERE kind = 'takeover'"
-        " AND detail->>'holder' = 'session_ended' AND run_id LIKE %s",
-        (prefix + "%",),
+        "SELECT count(*) FROM runledger." + where + " AND run_id LIKE %s", (prefix + "%",)
     ).fetchone()
     return int(row[0])
 

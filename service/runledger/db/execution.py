@@ -269,30 +269,43 @@ async def probe(
     revision than this code's head (a newer one is fine: two releases share a database
     during a rolling deploy). ``writes`` names what is about to write (``"the
     migration"``): a standby is then :class:`~runledger.errors.ReadOnly` before it starts.
+
+    A connection the server ends while the checks run (an operator's
+    ``pg_terminate_backend``, a restart) is opened again within the same ``timeout``: a
+    process starting then is not stopped by it.
     """
     host, port, dbname, _ = _where(url)
-    try:
-        async with asyncio.timeout(timeout):
-            conn = await psycopg.AsyncConnection.connect(
-                url,
-                autocommit=True,
-                connect_timeout=connect_timeout_param(timeout),
-                application_name=application_name[:63],
-            )
-    except TimeoutError as exc:
-        raise connect_error(exc, url, timeout) from None
-    except psycopg.Error as exc:
-        raise connect_error(exc, url, timeout) from None
-    async with conn:
-        if writes is not None and await in_recovery(conn):
-            where = hosts_ports(conn.info.host, str(conn.info.port))
-            raise errors.ReadOnly(
-                f"{writes} refused: {where} is a standby (in recovery): point writes at the "
-                "primary",
-                standby=True,
-            )
-        if check_schema:
-            await _check_schema(conn, f"database {dbname!r} at {hosts_ports(host, port)}")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        left = max(0.1, deadline - loop.time())
+        try:
+            async with asyncio.timeout(left):
+                conn = await psycopg.AsyncConnection.connect(
+                    url,
+                    autocommit=True,
+                    connect_timeout=connect_timeout_param(left),
+                    application_name=application_name[:63],
+                )
+        except TimeoutError as exc:
+            raise connect_error(exc, url, timeout) from None
+        except psycopg.Error as exc:
+            raise connect_error(exc, url, timeout) from None
+        try:
+            async with conn:
+                if writes is not None and await in_recovery(conn):
+                    where = hosts_ports(conn.info.host, str(conn.info.port))
+                    raise errors.ReadOnly(
+                        f"{writes} refused: {where} is a standby (in recovery): point writes "
+                        "at the primary",
+                        standby=True,
+                    )
+                if check_schema:
+                    await _check_schema(conn, f"database {dbname!r} at {hosts_ports(host, port)}")
+            return
+        except psycopg.OperationalError as exc:
+            if not conn.broken or loop.time() >= deadline:  # not a lost connection: as is
+                raise connect_error(exc, url, timeout) from None
 
 
 def probe_blocking(

@@ -833,11 +833,7 @@ BEGIN
         PERFORM runledger._raise('RL006', 'lease id and fencing token must not be null',
                                  NULL, NULL);
     END IF;
-    SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        PERFORM runledger._check_run_id(p_run_id);
-        PERFORM runledger._raise('RL003', format('run %s not found', p_run_id), NULL, NULL);
-    END IF;
+    r := runledger._lock_run(p_run_id);
     v_now := runledger.now();
     c := runledger._lock_call(p_run_id, p_idempotency_key);
     IF c.dispatched_token = p_fencing_token THEN
