@@ -1,12 +1,13 @@
 """The ``runledger`` command (``python -m runledger`` is the same).
 
-Data goes to stdout, logs to stderr. Every failure is one line on stderr, never a
-traceback, and its exit code says what kind it is (:data:`EXIT_CODES`, shown by
-``runledger --help``): 0 ok; 1 a check failed, a run did not succeed, or the database
-refused the request (a write on a standby: ``ReadOnly``); 2 usage (a bad option, argument
-or value, input that is not JSON or nests too deeply, no or a malformed database URL); 3
-the database is unavailable or has no (or an older) runledger schema, or is a standby
-under ``runledger worker``, which only writes. :func:`run` maps the exceptions onto them.
+Data goes to stdout, logs to stderr. Every failure is one line on stderr that starts
+``error: `` (click's own usage errors included), never a traceback, and its exit code
+says what kind it is (:data:`EXIT_CODES`, shown by ``runledger --help``): 0 ok; 1 a
+check failed, a run did not succeed, or the database refused the request (a write on a
+standby: ``ReadOnly``); 2 usage (a bad option, argument or value, input that is not JSON
+or nests too deeply, no or a malformed database URL); 3 the database is unavailable or
+has no (or an older) runledger schema, or is a standby under ``runledger worker``, which
+only writes. :func:`run` maps the exceptions onto them.
 
 One environment rule for every option of every command: ``--some-option`` reads
 ``RUNLEDGER_SOME_OPTION`` (``--database-url`` then falls back to ``DATABASE_URL``), and
@@ -24,7 +25,7 @@ import json
 import os
 import sys
 from enum import StrEnum
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -380,8 +381,7 @@ def wait(
         try:
             run = client.wait(run_id, timeout)
         except TimeoutError as exc:
-            click.echo(str(exc), err=True)
-            sys.exit(1)
+            _fail(f"error: {exc}", EXIT_FAILED)
     emit(_run_dict(run) if as_json else f"{run.run_id} {run.status}", as_json=as_json)
     sys.exit(0 if run.status == "succeeded" else 1)
 
@@ -556,14 +556,14 @@ def demo(
     except BadClusterDir as exc:
         raise click.BadParameter(str(exc), param_hint="'--stop'") from None
     except NoDemoDatabase as exc:  # each source tried on a line of its own, no traceback
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(1)
+        _fail(f"error: {exc}", EXIT_FAILED)
     except DemoError as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(code)
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
+    """``message`` on stderr (an error starts ``error: ``, as everywhere), then exit."""
     click.echo(message, err=True)
     sys.exit(code)
 
@@ -580,10 +580,13 @@ def run() -> None:
         main(standalone_mode=False)
     except click.exceptions.Abort:
         _fail("aborted", EXIT_FAILED)
-    except click.UsageError as exc:
-        _fail(f"Error: {_joined(exc.format_message())}", EXIT_USAGE)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `runledger` alone: the help, as click
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as exc:  # lowercase, as every other error (click says "Error:")
+        _fail(f"error: {_joined(exc.format_message())}", EXIT_USAGE)
     except click.ClickException as exc:
-        _fail(f"Error: {_joined(exc.format_message())}", exc.exit_code)
+        _fail(f"error: {_joined(exc.format_message())}", exc.exit_code)
     except errors.ConfigurationError as exc:
         _fail(f"error: ConfigurationError: {_one_line(exc)}", EXIT_USAGE)
     except (errors.DatabaseUnavailable, errors.SchemaMissing) as exc:

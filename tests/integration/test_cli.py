@@ -368,11 +368,84 @@ def test_a_bad_value_is_exit_2_and_one_line(
     assert exit_.value.code == 2
     out, err = capsys.readouterr()
     assert out == ""
-    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, err
     assert named in errors[0]
     assert "Traceback" not in err
     assert admin_conn.execute("SELECT run_id FROM runledger.runs").fetchall() == [("queued-run",)]
+
+
+# -- one prefix for every error: `error: `, as git and the compilers print it ---------------
+
+FAILING = [
+    # (argv, environment over the test database's, exit code)
+    (["status"], {}, 2),  # click: a missing argument
+    (["nosuch"], {}, 2),  # click: no such command
+    (["resolve", "k:0:c0", "sideways"], {}, 2),  # click: not a choice
+    (["list", "--limit", "0"], {}, 2),
+    (["submit", "nobody@1", "--input", "[1"], {}, 2),  # not JSON
+    (["status", "r"], {"RUNLEDGER_DATABASE_URL": "", "DATABASE_URL": ""}, 2),  # no URL
+    (["status", "r"], {"RUNLEDGER_DATABASE_URL": "notaurl"}, 2),  # ConfigurationError
+    (["demo", "--stop", "/nonexistent"], {}, 2),
+    (["status", "no-such-run"], {}, 1),  # RunNotFound
+    (["wait", "queued-run", "--timeout", "0.1"], {}, 1),  # still queued: a check failed
+    (["demo"], {"RUNLEDGER_TEST_POSTGRES": "url", "RUNLEDGER_TEST_DATABASE_URL": ""}, 1),
+    (["list", "--connect-timeout", "2"], {"RUNLEDGER_DATABASE_URL": "CLOSED"}, 3),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "code"), FAILING, ids=[" ".join(a)[:30] + str(e)[:20] for a, e, _ in FAILING]
+)
+def test_every_error_starts_with_lowercase_error(
+    database_url: str,
+    admin_conn: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    code: int,
+) -> None:
+    """Click's usage errors said ``Error:``, runledger's own ``error:``: now one prefix,
+    whatever the kind of error and its exit code. The demo's list of what it tried
+    comes after its ``error:`` line."""
+    import socket
+
+    admin_conn.execute("SELECT * FROM runledger.submit_run('queued-run', 'nobody', '1', '{}')")
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", database_url)
+    for name, value in env.items():
+        if value == "CLOSED":
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                value = f"postgresql://u@127.0.0.1:{sock.getsockname()[1]}/db"
+        if value:
+            monkeypatch.setenv(name, value)
+        else:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "argv", ["runledger", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (code, ""), err
+    lines = err.splitlines()
+    assert lines[0].startswith("error: "), err
+    assert len(lines) == 1 or argv == ["demo"], err
+    assert not any(line.startswith("Error") for line in lines), err
+    assert "Traceback" not in err, err
+
+
+def test_runledger_alone_shows_its_help(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not the help folded into one ``Error:`` line: the help, as click shows it (exit 2)."""
+    monkeypatch.setattr(sys, "argv", ["runledger"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (2, "")
+    assert err.startswith("Usage: runledger [OPTIONS] COMMAND [ARGS]...\n"), err
+    assert "\nCommands:\n" in err and "Exit codes" in err
+    assert "error" not in err.lower().split("exit codes")[0], err
 
 
 # A flow the worker command can import by name.
