@@ -69,7 +69,8 @@ EXIT_CODES = {
     EXIT_OK: "ok",
     EXIT_FAILED: "a check failed, a run did not succeed, or the database refused (a write "
     "on a standby too)",
-    EXIT_USAGE: "usage: a bad option, value or JSON; no or a malformed database URL",
+    EXIT_USAGE: "usage: a bad option, value or JSON; no or a malformed database URL; a "
+    "--flows module that does not import",
     EXIT_UNAVAILABLE: "database unreachable, its runledger schema missing or behind, or a "
     "standby (worker)",
 }

@@ -6,7 +6,10 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
@@ -19,6 +22,7 @@ from runledger.worker.tracing import log_fields
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "FlowsImportError",
     "Limits",
     "Worker",
     "configure_logging",
@@ -60,14 +64,58 @@ def worker_from_settings(settings: Settings, flows: Sequence[Flow]) -> Worker:
     )
 
 
+class FlowsImportError(ImportError):
+    """A flows module could not be imported: one line naming the module and its error."""
+
+
+def import_flows_module(module_name: str) -> Any:
+    """Import ``module_name``; whatever its import raised (a syntax error, an exception
+    at import, a dependency that is not installed) is :class:`FlowsImportError` naming the
+    module, the error and where it was raised (the traceback at DEBUG)."""
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:
+        log.debug("flows module %r failed to import", module_name, exc_info=True)
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing is not None and (module_name + ".").startswith(missing + "."):
+            raise FlowsImportError(
+                f"flows module {module_name!r} not found ({exc}): is it installed, or "
+                "importable from the current directory?"
+            ) from None
+        where = "" if isinstance(exc, SyntaxError) else _raised_at(exc)  # it names its line
+        said = " ".join(str(exc).split())
+        raise FlowsImportError(
+            f"flows module {module_name!r} failed to import: "
+            f"{type(exc).__name__}{': ' + said if said else ''}{where}"
+        ) from None
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (myapp/flows.py, line 12)``: the innermost line of the traceback in the user's
+    code (not in the standard library, site-packages or importlib), else the innermost."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    libraries = tuple(
+        {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    )
+    own = [f for f in frames if not f.filename.startswith(libraries)]
+    if not (own or frames):
+        return ""
+    frame = (own or frames)[-1]
+    path = os.path.relpath(frame.filename)
+    return f" ({frame.filename if path.startswith('..') else path}, line {frame.lineno})"
+
+
 def load_flows(specs: Iterable[str]) -> list[Flow]:
-    """Import ``package.module:attribute`` specs; the attribute is a Flow or a list of Flows."""
+    """Import ``package.module:attribute`` specs; the attribute is a Flow or a list of Flows.
+
+    Raises :class:`ValueError` for a malformed spec or attribute, and
+    :class:`FlowsImportError` (one line) when the module cannot be imported."""
     flows: list[Flow] = []
     for spec in specs:
         module_name, sep, attr = spec.partition(":")
         if not sep or not module_name or not attr:
             raise ValueError(f"--flows {spec!r}: expected package.module:attribute")
-        module = importlib.import_module(module_name)
+        module = import_flows_module(module_name)
         try:
             value: Any = getattr(module, attr)
         except AttributeError:
