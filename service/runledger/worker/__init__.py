@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
+from runledger import errors
 from runledger.config import Settings
 from runledger.flows import Flow
 from runledger.worker.executor import Limits
@@ -189,9 +190,10 @@ def run_worker(worker: Worker, event_loop: str = "auto") -> None:
     """Run ``worker`` until it stops; exit 1 with one line when it cannot go on.
 
     Exit codes: 0 after a clean stop (SIGTERM/SIGINT, runs drained); 1 when an internal
-    task died, or when the database refused the worker id because another live worker
-    holds it (at startup, after retrying for a few seconds; or on reconnecting, when it
-    was taken meanwhile). ``event_loop``: see :func:`event_loop_runner`.
+    task died, or when the database refused the worker id on reconnecting (another live
+    worker took it meanwhile). Raises :class:`~runledger.errors.WorkerConflict` (one line)
+    when the id is refused at startup, after retrying for a few seconds: another live
+    worker holds it. ``event_loop``: see :func:`event_loop_runner`.
     """
     runner = event_loop_runner(event_loop)
 
@@ -207,5 +209,4 @@ def run_worker(worker: Worker, event_loop: str = "auto") -> None:
     except Exception as exc:
         if not is_worker_conflict(exc):
             raise
-        log.critical(conflict_message(worker.worker_id, exc), extra={"worker_id": worker.worker_id})
-        sys.exit(1)
+        raise errors.WorkerConflict(conflict_message(worker.worker_id, exc)) from None
