@@ -308,9 +308,10 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
     """Show a run and its calls.
 
     Idempotency keys and the pause reason are printed whole, whatever the terminal's
-    width; for each unknown call of a paused (or cancelled, or failed) run, the
-    `runledger resolve` line to run once you know what the provider did; for each call
-    awaiting approval, the `runledger approve` and `runledger deny` lines.
+    width (piped, the table is as wide as its content); for each unknown call of a
+    paused (or cancelled, or failed) run, the `runledger resolve` line to run once you
+    know what the provider did; for each call awaiting approval, the `runledger approve`
+    and `runledger deny` lines.
     """
     with _client(database_url, connect_timeout) as client:
         run = client.get(run_id)
@@ -318,17 +319,19 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
     if as_json:
         emit({"run": _run_dict(run), "calls": [_fields(c) for c in calls]}, as_json=True)
         return
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
+    from runledger.cli_render import (
+        _cells,
+        _console,
+        _line,
+        _table,
+        print_table,
+    )
     from runledger.db.decode import Undecodable
 
-    console = Console(highlight=False)
+    console = _console()
 
     def line(text: str, style: str = "") -> None:
-        # soft_wrap: never cut or folded by rich; the terminal wraps it, a copy is whole
-        console.print(Text(text, style=style), soft_wrap=True)
+        _line(console, text, style)  # never cut or folded by rich: a copy is whole
 
     line(
         f"{run.run_id} {run.flow}@{run.flow_version} {run.status} "
@@ -342,19 +345,19 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
         if isinstance(value, Undecodable):
             line(f"{name}: {value}")
     if calls:
-        table = Table()
-        for header in ("key", "tool", "status", "attempts", "result", "receipt"):
-            table.add_column(header, overflow="fold")  # folded, never cut with an ellipsis
+        table = _table("key", "tool", "status", "attempts", "result", "receipt", whole=("key",))
         for c in calls:
             table.add_row(
-                Text(c.idempotency_key),
-                Text(c.tool),
-                Text(shown_status(c)),
-                Text(str(c.attempts)),
-                Text(_shown(c.result)),
-                Text(_shown(c.receipt)),
+                *_cells(
+                    c.idempotency_key,
+                    c.tool,
+                    shown_status(c),
+                    c.attempts,
+                    _shown(c.result),
+                    _shown(c.receipt),
+                )
             )
-        console.print(table)
+        print_table(console, table)
     unknown = [c for c in calls if c.status == "unknown"]
     if unknown and run.status in RESOLVABLE:
         line(f"{len(unknown)} unknown call(s): check the provider, then run one of")

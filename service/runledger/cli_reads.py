@@ -37,6 +37,7 @@ from runledger.cli_render import (
     _table,
     age,
     limit_option,
+    print_table,
     silent_option,
     since_option,
     when,
@@ -126,7 +127,7 @@ def list_runs(
                 _waits(r),
             )
         )
-    console.print(table)
+    print_table(console, table)
     if len(data["runs"]) == limit:
         _line(console, f"(the newest {limit}; --limit for more)")
 
@@ -244,7 +245,7 @@ def show(
                         _compact(c["receipt"]),
                     )
                 )
-            console.print(table)
+            print_table(console, table)
     _print_actions(console, run["status"], calls)
     shown = len(data["timeline"])
     _line(
@@ -361,7 +362,7 @@ def workers(
                 _ago(data["now"], w["started_at"]),
             )
         )
-    console.print(table)
+    print_table(console, table)
     _line(console, f"silent: no heartbeat for {lease_seconds:g} s (--lease-seconds)")
 
 
@@ -387,8 +388,8 @@ def unknown(
 ) -> None:
     """Every call waiting for a person: unknown calls and calls awaiting approval.
 
-    Each with its run, tool, attempts, the token it was last dispatched under, who
-    dispatched it, its error, and the exact command to run (`runledger resolve ...` for
+    Each with its run's status, tool, attempts, the token it was last dispatched under,
+    who dispatched it, its error, and the exact command to run (`runledger resolve ...` for
     an unknown call once you know what the provider did; `runledger approve ...` or
     `runledger deny ...` for an approval). A call of a running run has no command yet:
     its worker pauses the run first. Oldest first.
@@ -410,7 +411,7 @@ def unknown(
         return
     table = _table(
         "key",
-        "run",
+        "run status",
         "tool",
         "waits for",
         "attempts",
@@ -428,7 +429,7 @@ def unknown(
                 f"{c['dispatched_by']} ({c['dispatched_token']})" if c["dispatched_by"] else "",
             )
         )
-    console.print(table)
+    print_table(console, table)
     _line(console, "to act (check the provider first for an unknown call):")
     for c in data["calls"]:
         error = f" ({_reason(c['error'])})" if c["error"] is not None else ""

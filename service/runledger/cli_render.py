@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -99,9 +100,18 @@ def _reading(database_url: str | None, connect_timeout: float) -> Iterator[Any]:
         yield conn
 
 
+# when stdout is not a terminal and COLUMNS is not set: wide enough for any table
+PIPE_WIDTH = 10_000
+
+
 def _console(*, broken_pipe_raises: bool = False) -> Any:
     """A rich console; with ``broken_pipe_raises``, a reader that went away is
-    ``BrokenPipeError`` for the caller to end on (rich's own answer is exit 1)."""
+    ``BrokenPipeError`` for the caller to end on (rich's own answer is exit 1).
+
+    On a terminal it is the terminal's width (or ``COLUMNS``). Piped or redirected
+    without ``COLUMNS``, rich would assume 80 columns and fold keys across lines, or
+    squeeze the other columns to nothing: there the tables take the width of their
+    content instead, a row per line, every key whole to copy."""
     from rich.console import Console
 
     class _Console(Console):
@@ -110,7 +120,10 @@ def _console(*, broken_pipe_raises: bool = False) -> Any:
                 raise BrokenPipeError
             super().on_broken_pipe()
 
-    return _Console(highlight=False)
+    console = _Console(highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console.width = PIPE_WIDTH
+    return console
 
 
 def _line(console: Any, text: str, style: str = "") -> None:
@@ -122,14 +135,59 @@ def _line(console: Any, text: str, style: str = "") -> None:
 
 def _table(*headers: str, whole: tuple[str, ...] = ()) -> Any:
     """A table whose cells fold, never cut with an ellipsis; the ``whole`` columns (keys,
-    run ids) are kept on one line while the terminal is wide enough for them, and are
-    the last to fold (rich squeezes the other columns first)."""
+    run ids) are kept on one line. Print it with :func:`print_table`."""
     from rich.table import Table
 
     table = Table()
     for header in headers:
         table.add_column(header, overflow="fold", no_wrap=header in whole)
     return table
+
+
+def print_table(console: Any, table: Any) -> None:
+    """Print ``table`` with no cell broken inside a word and every ``whole`` column on one
+    line. rich, given less width than a table's content, narrows its widest columns
+    first, but down to a letter or two whatever their words (``create_ticket`` as
+    ``create`` / ``_ticke`` / ``t``) once a whole column took its share. Here the widest
+    columns are narrowed first too, each no further than its longest word (a whole
+    column not at all). When even that is wider than the console, the table is printed
+    that wide: the terminal wraps its lines, and a key copied from it is whole."""
+    from rich.cells import cell_len
+    from rich.measure import Measurement
+
+    lows, highs = [], []
+    for column in table.columns:
+        texts = [str(getattr(cell, "plain", cell)) for cell in (column.header, *column.cells)]
+        lines = [line for text in texts for line in text.splitlines()] or [""]
+        highs.append(max(cell_len(line) for line in lines))
+        words = [cell_len(word) for line in lines for word in line.split()]
+        lows.append(highs[-1] if column.no_wrap else max(words, default=0))
+    natural = Measurement.get(console, console.options.update(max_width=PIPE_WIDTH), table)
+    overhead = natural.maximum - sum(highs)  # borders and padding
+    room = console.width - overhead
+    if sum(highs) <= room:  # it fits as it is
+        console.print(table)
+        return
+
+    def capped(cap: int) -> list[int]:
+        return [min(high, max(low, cap)) for low, high in zip(lows, highs, strict=True)]
+
+    below, above = 0, max(highs)  # the widest cap that fits: binary search
+    while below < above:
+        middle = (below + above + 1) // 2
+        below, above = (middle, above) if sum(capped(middle)) <= room else (below, middle - 1)
+    widths = capped(below)
+    for i, high in enumerate(highs):  # what the cap left, a column each
+        if sum(widths) < room and widths[i] < high:
+            widths[i] += 1
+    for column, width in zip(table.columns, widths, strict=True):
+        column.width = max(width, 1)
+    saved = console.width
+    console.width = max(saved, sum(widths) + overhead)
+    try:
+        console.print(table)
+    finally:
+        console.width = saved
 
 
 def when(at: str | None) -> str:

@@ -549,11 +549,72 @@ async def test_status_prints_long_keys_and_the_resolve_line_whole_at_80_columns(
     assert f"pause reason: {paused['pause_reason']}" in lines
     assert f"  runledger resolve {key} applied|not_applied|abandoned" in lines
     assert lines[0].startswith(f"{run_id} modes@1 paused ")
-    # the table folds the key over lines; every character is there, in order
-    cells = "".join(
-        line.split("│")[1].strip() for line in lines if line.startswith("│") and "│" in line[1:]
+    # the key is whole on one line of the table, never folded over lines: the table is
+    # wider than 80 columns then, the terminal wraps its lines and a copy is whole
+    assert any(line.startswith(f"│ {key} │ poke ") for line in lines), result.stdout
+
+
+def _piped(database_url: str, *args: str) -> list[str]:
+    """``runledger ARGS | cat``: a real process, stdout a pipe, no COLUMNS."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["RUNLEDGER_DATABASE_URL"] = database_url
+    done = subprocess.run(
+        [sys.executable, "-m", "runledger", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    assert key in cells
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return done.stdout.splitlines()
+
+
+def _row(lines: list[str], first: str) -> list[str]:
+    """The cells of the table line whose first cell is ``first`` (the whole row: a
+    piped table has a line per row)."""
+    [row] = [line for line in lines if line.startswith(f"│ {first} │")]
+    return [cell.strip() for cell in row.split("│")[1:-1]]
+
+
+async def test_whole_keys_when_piped(database_url: str, db: Db, start_worker: StartWorker) -> None:
+    """Piped, rich would assume 80 columns: status folded the key over lines, show and
+    unknown squeezed the other columns to nothing. Each row is one line now, its key
+    whole to copy into ``runledger resolve``."""
+    flow = Flow("tickets", "1")
+
+    @flow.tool(safety="idempotent", max_attempts=3)
+    def create_ticket(ctx: Any) -> str:
+        raise RuntimeError("ticket service exploded")
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return [] if history else [ToolCall("create_ticket", {})]
+
+    run_id = "r" + "-long" * 25 + "-x"  # 128 characters: the longest run id there is
+    key = f"{run_id}:0:c0"
+    await db.submit(run_id, flow)
+    await start_worker(flow, worker_id="w-err")
+    await db.wait_status(run_id, "paused")
+
+    status = _piped(database_url, "status", run_id)
+    assert _row(status, key) == [key, "create_ticket", "unknown", "3", "null", "null"]
+    show = _piped(database_url, "show", run_id)
+    assert _row(show, key) == [key, "create_ticket", "unknown", "3", "w-err (1)", ""]
+    unknown = _piped(database_url, "unknown")
+    header = next(line for line in unknown if line.startswith("┃ key "))
+    assert [h.strip() for h in header.split("┃")[1:-1]] == [
+        "key",
+        "run status",  # it was "run", over the run's status
+        "tool",
+        "waits for",
+        "attempts",
+        "sent by (token)",
+    ]
+    assert _row(unknown, key) == [key, "paused", "create_ticket", "unknown", "3", "w-err (1)"]
+    assert f"    runledger resolve {key} applied|not_applied|abandoned" in unknown
 
 
 async def test_status_prints_no_resolve_line_without_unknown_calls(
