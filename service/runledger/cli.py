@@ -308,10 +308,11 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
     """Show a run and its calls.
 
     Idempotency keys and the pause reason are printed whole, whatever the terminal's
-    width (piped, the table is as wide as its content); for each unknown call of a
-    paused (or cancelled, or failed) run, the `runledger resolve` line to run once you
-    know what the provider did; for each call awaiting approval, the `runledger approve`
-    and `runledger deny` lines.
+    width (piped, the table is as wide as its content); each call's error says why it
+    failed or is unknown and what the tool raised (`--json` has it whole). For each
+    unknown call of a paused (or cancelled, or failed) run, the `runledger resolve` line
+    to run once you know what the provider did; for each call awaiting approval, the
+    `runledger approve` and `runledger deny` lines.
     """
     with _client(database_url, connect_timeout) as client:
         run = client.get(run_id)
@@ -324,6 +325,7 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
         _console,
         _line,
         _table,
+        call_error,
         print_table,
     )
     from runledger.db.decode import Undecodable
@@ -345,7 +347,9 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
         if isinstance(value, Undecodable):
             line(f"{name}: {value}")
     if calls:
-        table = _table("key", "tool", "status", "attempts", "result", "receipt", whole=("key",))
+        table = _table(
+            "key", "tool", "status", "attempts", "result", "receipt", "error", whole=("key",)
+        )
         for c in calls:
             table.add_row(
                 *_cells(
@@ -355,6 +359,7 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
                     c.attempts,
                     _shown(c.result),
                     _shown(c.receipt),
+                    call_error(c.error),
                 )
             )
         print_table(console, table)

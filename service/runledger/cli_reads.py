@@ -36,6 +36,7 @@ from runledger.cli_render import (
     _reading,
     _table,
     age,
+    call_error,
     limit_option,
     print_table,
     silent_option,
@@ -230,6 +231,7 @@ def show(
                 "attempts",
                 "by (token)",
                 "receipt",
+                "error",
                 whole=("key",),
             )
             for c in turn["calls"]:
@@ -243,6 +245,7 @@ def show(
                         c["attempts"],
                         by,
                         _compact(c["receipt"]),
+                        call_error(c["error"]),
                     )
                 )
             print_table(console, table)
@@ -389,7 +392,8 @@ def unknown(
     """Every call waiting for a person: unknown calls and calls awaiting approval.
 
     Each with its run's status, tool, attempts, the token it was last dispatched under,
-    who dispatched it, its error, and the exact command to run (`runledger resolve ...` for
+    who dispatched it, its error (why it waits, and the tool's exception: `--json` has it
+    whole), and the exact command to run (`runledger resolve ...` for
     an unknown call once you know what the provider did; `runledger approve ...` or
     `runledger deny ...` for an approval). A call of a running run has no command yet:
     its worker pauses the run first. Oldest first.
@@ -432,17 +436,9 @@ def unknown(
     print_table(console, table)
     _line(console, "to act (check the provider first for an unknown call):")
     for c in data["calls"]:
-        error = f" ({_reason(c['error'])})" if c["error"] is not None else ""
+        error = f" ({call_error(c['error'])})" if c["error"] is not None else ""
         _line(console, f"  {c['idempotency_key']}{error}")
         for command in c["commands"]:
             _line(console, "    " + command)
         if c["note"]:
             _line(console, f"    {c['note']}")
-
-
-def _reason(error: Any) -> str:
-    """A call's error in a cell: its reason when it has one (``--json`` has it whole)."""
-    reason = error.get("reason") if isinstance(error, dict) else None
-    if isinstance(reason, str):
-        return reason
-    return _compact(error)

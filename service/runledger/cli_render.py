@@ -235,6 +235,34 @@ def _compact(value: Any) -> str:
     return "" if value is None else json.dumps(value, default=str, ensure_ascii=False)
 
 
+ERROR_CHARS = 200  # a call's error in a table, a line or a page; --json has it whole
+
+
+def call_error(error: Any, limit: int = ERROR_CHARS) -> str:
+    """A call's error on one line, for the person who must decide what to do with it:
+    why (its ``reason``), then the tool's exception (``type: message``), then a person's
+    ``note``: ``retries exhausted: RuntimeError: ticket service exploded``. Whitespace
+    is collapsed and the text cut at ``limit`` characters with an ellipsis."""
+    if error is None:
+        return ""
+    if isinstance(error, dict):
+        parts = [str(error[k]) for k in ("reason",) if error.get(k) not in (None, "")]
+        kind, message = error.get("type"), error.get("message")
+        if kind not in (None, ""):
+            parts.append(f"{kind}: {message}" if message not in (None, "") else str(kind))
+        elif message not in (None, ""):
+            parts.append(str(message))
+        if error.get("note") not in (None, ""):
+            parts.append(str(error["note"]))
+        text = ": ".join(parts) if parts else _compact(error)
+    elif isinstance(error, list | int | float | bool):
+        text = _compact(error)
+    else:  # a string as it is; JSON Python could not decode, described
+        text = str(error)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def _event_line(e: dict[str, Any], *, run: bool = True) -> str:
     """``#12 2026-12-01 15:23:15.464Z ticket-77 claimed by worker-a token=1 lease_id=...``:
     the detail as key=value pairs, each value whole."""

@@ -579,10 +579,13 @@ def _row(lines: list[str], first: str) -> list[str]:
     return [cell.strip() for cell in row.split("│")[1:-1]]
 
 
-async def test_whole_keys_when_piped(database_url: str, db: Db, start_worker: StartWorker) -> None:
+async def test_whole_keys_when_piped_and_the_tools_error(
+    database_url: str, db: Db, start_worker: StartWorker
+) -> None:
     """Piped, rich would assume 80 columns: status folded the key over lines, show and
     unknown squeezed the other columns to nothing. Each row is one line now, its key
-    whole to copy into ``runledger resolve``."""
+    whole to copy into ``runledger resolve``. The tool raised on every attempt: each
+    command says what it raised (status showed ``null``, unknown ``(retries exhausted)``)."""
     flow = Flow("tickets", "1")
 
     @flow.tool(safety="idempotent", max_attempts=3)
@@ -598,11 +601,12 @@ async def test_whole_keys_when_piped(database_url: str, db: Db, start_worker: St
     await db.submit(run_id, flow)
     await start_worker(flow, worker_id="w-err")
     await db.wait_status(run_id, "paused")
+    error = "retries exhausted: RuntimeError: ticket service exploded"
 
     status = _piped(database_url, "status", run_id)
-    assert _row(status, key) == [key, "create_ticket", "unknown", "3", "null", "null"]
+    assert _row(status, key) == [key, "create_ticket", "unknown", "3", "null", "null", error]
     show = _piped(database_url, "show", run_id)
-    assert _row(show, key) == [key, "create_ticket", "unknown", "3", "w-err (1)", ""]
+    assert _row(show, key) == [key, "create_ticket", "unknown", "3", "w-err (1)", "", error]
     unknown = _piped(database_url, "unknown")
     header = next(line for line in unknown if line.startswith("┃ key "))
     assert [h.strip() for h in header.split("┃")[1:-1]] == [
@@ -614,6 +618,7 @@ async def test_whole_keys_when_piped(database_url: str, db: Db, start_worker: St
         "sent by (token)",
     ]
     assert _row(unknown, key) == [key, "paused", "create_ticket", "unknown", "3", "w-err (1)"]
+    assert f"  {key} ({error})" in unknown
     assert f"    runledger resolve {key} applied|not_applied|abandoned" in unknown
 
 

@@ -1,4 +1,5 @@
-"""How the CLI lays out a table: no database, :mod:`runledger.cli_render` itself."""
+"""How the read commands and the console show a call's error, and how the CLI lays out a
+table: no database, the functions of :mod:`runledger.cli_render` themselves."""
 
 from __future__ import annotations
 
@@ -9,7 +10,63 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from runledger.cli_render import _cells, _table, print_table
+from runledger.cli_render import ERROR_CHARS, _cells, _table, call_error, print_table
+from runledger.db.decode import Undecodable
+
+# -- a call's error: why, then what the tool raised, on one line ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        (None, ""),
+        (  # an idempotent tool that raised on every attempt
+            {
+                "reason": "retries exhausted",
+                "type": "RuntimeError",
+                "message": "ticket service exploded",
+            },
+            "retries exhausted: RuntimeError: ticket service exploded",
+        ),
+        (  # a read_only tool that failed: no reason, the exception only
+            {"type": "TimeoutError", "message": ""},
+            "TimeoutError",
+        ),
+        (
+            {"reason": "in flight when its worker stopped; unsafe to repeat", "attempts": 1},
+            "in flight when its worker stopped; unsafe to repeat",
+        ),
+        (
+            {"reason": "lookup failed", "type": "HTTPError", "message": "503\nService Unavailable"},
+            "lookup failed: HTTPError: 503 Service Unavailable",
+        ),
+        (
+            {"reason": "denied", "note": "too much", "actor": "cli:carol"},
+            "denied: too much",
+        ),
+        ({"reason": "abandoned", "note": None}, "abandoned"),
+        ({"reason": "card declined", "not_applied": True}, "card declined"),
+        ({"code": 7}, '{"code": 7}'),  # written by hand: shown as it is
+        ("plain text", "plain text"),
+        (["a", 1], '["a", 1]'),
+        (
+            Undecodable(reason="nested too deeply for Python to decode", size=10007),
+            "<undecodable JSON, 10007 bytes: nested too deeply for Python to decode>",
+        ),
+    ],
+)
+def test_a_calls_error_is_one_line_why_then_what_the_tool_raised(error: Any, shown: str) -> None:
+    assert call_error(error) == shown
+
+
+def test_a_long_error_is_cut_with_an_ellipsis() -> None:
+    message = "upstream said: " + "x" * 3000  # the worker keeps 2,000 characters
+    shown = call_error({"reason": "retries exhausted", "type": "HTTPError", "message": message})
+    assert len(shown) == ERROR_CHARS
+    assert shown.startswith("retries exhausted: HTTPError: upstream said: xxx")
+    assert shown.endswith("x…")
+    assert call_error({"type": "E", "message": "a\n\n  b\tc"}) == "E: a b c"
+
 
 # -- tables: keys whole, no word broken, whatever the width ------------------------------
 
