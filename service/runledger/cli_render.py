@@ -162,8 +162,11 @@ def print_table(console: Any, table: Any) -> None:
         highs.append(max(cell_len(line) for line in lines))
         words = [cell_len(word) for line in lines for word in line.split()]
         lows.append(highs[-1] if column.no_wrap else max(words, default=0))
-    natural = Measurement.get(console, console.options.update(max_width=PIPE_WIDTH), table)
-    overhead = natural.maximum - sum(highs)  # borders and padding
+    # borders and padding: the table's natural width past its content's (measured with
+    # room to spare, so that a cell wider than the console is not capped)
+    bound = sum(highs) + 8 * (len(highs) + 1)
+    natural = Measurement.get(console, console.options.update(max_width=bound), table)
+    overhead = natural.maximum - sum(highs)
     room = console.width - overhead
     if sum(highs) <= room:  # it fits as it is
         console.print(table)
@@ -246,7 +249,7 @@ def call_error(error: Any, limit: int = ERROR_CHARS) -> str:
     if error is None:
         return ""
     if isinstance(error, dict):
-        parts = [str(error[k]) for k in ("reason",) if error.get(k) not in (None, "")]
+        parts = [] if error.get("reason") in (None, "") else [str(error["reason"])]
         kind, message = error.get("type"), error.get("message")
         if kind not in (None, ""):
             parts.append(f"{kind}: {message}" if message not in (None, "") else str(kind))

@@ -124,3 +124,17 @@ def test_rich_alone_breaks_words_where_print_table_does_not() -> None:
     words = set(_cell_words(_render(120, lambda console, table: console.print(table))))
     assert "create_ticket" not in words or "RuntimeError:" not in words
     assert {"create_ticket", "RuntimeError:"} <= set(_cell_words(_render(120)))
+
+
+@pytest.mark.parametrize("width", [80, 10_000])
+def test_a_cell_wider_than_the_console_keeps_the_key_whole(width: int) -> None:
+    """A receipt of 15,000 characters with no space in it: the table is as wide as that
+    word, whatever the console's width, and the key still on one line."""
+    out = StringIO()
+    console = Console(file=out, width=width, highlight=False)
+    table = _table("key", "tool", "receipt", whole=("key",))
+    table.add_row(*_cells(KEY, "create_ticket", "r" * 15_000))
+    print_table(console, table)
+    lines = out.getvalue().splitlines()
+    assert any(line.startswith(f"│ {KEY} │ create_ticket │ rrr") for line in lines)
+    assert all(line.endswith(("┓", "┃", "┩", "│", "┘")) for line in lines)  # none cropped

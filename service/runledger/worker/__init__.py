@@ -69,7 +69,7 @@ class FlowsImportError(ImportError):
     """A flows module could not be imported: one line naming the module and its error."""
 
 
-def import_flows_module(module_name: str) -> Any:
+def _import_flows_module(module_name: str) -> Any:
     """Import ``module_name``; whatever its import raised (a syntax error, an exception
     at import, a dependency that is not installed) is :class:`FlowsImportError` naming the
     module, the error and where it was raised (the traceback at DEBUG)."""
@@ -116,7 +116,7 @@ def load_flows(specs: Iterable[str]) -> list[Flow]:
         module_name, sep, attr = spec.partition(":")
         if not sep or not module_name or not attr:
             raise ValueError(f"--flows {spec!r}: expected package.module:attribute")
-        module = import_flows_module(module_name)
+        module = _import_flows_module(module_name)
         try:
             value: Any = getattr(module, attr)
         except AttributeError:
