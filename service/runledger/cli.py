@@ -1,12 +1,13 @@
 """The ``runledger`` command (``python -m runledger`` is the same).
 
-Data goes to stdout, logs to stderr. Every failure is one line on stderr, never a
-traceback, and its exit code says what kind it is (:data:`EXIT_CODES`, shown by
-``runledger --help``): 0 ok; 1 a check failed, a run did not succeed, or the database
-refused the request (a write on a standby: ``ReadOnly``); 2 usage (a bad option, argument
-or value, input that is not JSON or nests too deeply, no or a malformed database URL); 3
-the database is unavailable or has no (or an older) runledger schema, or is a standby
-under ``runledger worker``, which only writes. :func:`run` maps the exceptions onto them.
+Data goes to stdout, logs to stderr. Every failure is one line on stderr that starts
+``error: `` (click's own usage errors included), never a traceback, and its exit code
+says what kind it is (:data:`EXIT_CODES`, shown by ``runledger --help``): 0 ok; 1 a
+check failed, a run did not succeed, or the database refused the request (a write on a
+standby: ``ReadOnly``); 2 usage (a bad option, argument or value, input that is not JSON
+or nests too deeply, no or a malformed database URL); 3 the database is unavailable or
+has no (or an older) runledger schema, or is a standby under ``runledger worker``, which
+only writes. :func:`run` maps the exceptions onto them.
 
 One environment rule for every option of every command: ``--some-option`` reads
 ``RUNLEDGER_SOME_OPTION`` (``--database-url`` then falls back to ``DATABASE_URL``), and
@@ -24,7 +25,7 @@ import json
 import os
 import sys
 from enum import StrEnum
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -68,7 +69,8 @@ EXIT_CODES = {
     EXIT_OK: "ok",
     EXIT_FAILED: "a check failed, a run did not succeed, or the database refused (a write "
     "on a standby too)",
-    EXIT_USAGE: "usage: a bad option, value or JSON; no or a malformed database URL",
+    EXIT_USAGE: "usage: a bad option, value or JSON; no or a malformed database URL; a "
+    "--flows module that does not import",
     EXIT_UNAVAILABLE: "database unreachable, its runledger schema missing or behind, or a "
     "standby (worker)",
 }
@@ -306,9 +308,11 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
     """Show a run and its calls.
 
     Idempotency keys and the pause reason are printed whole, whatever the terminal's
-    width; for each unknown call of a paused (or cancelled, or failed) run, the
-    `runledger resolve` line to run once you know what the provider did; for each call
-    awaiting approval, the `runledger approve` and `runledger deny` lines.
+    width (piped, the table is as wide as its content); each call's error says why it
+    failed or is unknown and what the tool raised (`--json` has it whole). For each
+    unknown call of a paused (or cancelled, or failed) run, the `runledger resolve` line
+    to run once you know what the provider did; for each call awaiting approval, the
+    `runledger approve` and `runledger deny` lines.
     """
     with _client(database_url, connect_timeout) as client:
         run = client.get(run_id)
@@ -316,17 +320,20 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
     if as_json:
         emit({"run": _run_dict(run), "calls": [_fields(c) for c in calls]}, as_json=True)
         return
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
+    from runledger.cli_render import (
+        _cells,
+        _console,
+        _line,
+        _table,
+        call_error,
+        print_table,
+    )
     from runledger.db.decode import Undecodable
 
-    console = Console(highlight=False)
+    console = _console()
 
     def line(text: str, style: str = "") -> None:
-        # soft_wrap: never cut or folded by rich; the terminal wraps it, a copy is whole
-        console.print(Text(text, style=style), soft_wrap=True)
+        _line(console, text, style)  # never cut or folded by rich: a copy is whole
 
     line(
         f"{run.run_id} {run.flow}@{run.flow_version} {run.status} "
@@ -340,19 +347,22 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
         if isinstance(value, Undecodable):
             line(f"{name}: {value}")
     if calls:
-        table = Table()
-        for header in ("key", "tool", "status", "attempts", "result", "receipt"):
-            table.add_column(header, overflow="fold")  # folded, never cut with an ellipsis
+        table = _table(
+            "key", "tool", "status", "attempts", "result", "receipt", "error", whole=("key",)
+        )
         for c in calls:
             table.add_row(
-                Text(c.idempotency_key),
-                Text(c.tool),
-                Text(shown_status(c)),
-                Text(str(c.attempts)),
-                Text(_shown(c.result)),
-                Text(_shown(c.receipt)),
+                *_cells(
+                    c.idempotency_key,
+                    c.tool,
+                    shown_status(c),
+                    c.attempts,
+                    _shown(c.result),
+                    _shown(c.receipt),
+                    call_error(c.error),
+                )
             )
-        console.print(table)
+        print_table(console, table)
     unknown = [c for c in calls if c.status == "unknown"]
     if unknown and run.status in RESOLVABLE:
         line(f"{len(unknown)} unknown call(s): check the provider, then run one of")
@@ -380,8 +390,7 @@ def wait(
         try:
             run = client.wait(run_id, timeout)
         except TimeoutError as exc:
-            click.echo(str(exc), err=True)
-            sys.exit(1)
+            _fail(f"error: {exc}", EXIT_FAILED)
     emit(_run_dict(run) if as_json else f"{run.run_id} {run.status}", as_json=as_json)
     sys.exit(0 if run.status == "succeeded" else 1)
 
@@ -556,14 +565,14 @@ def demo(
     except BadClusterDir as exc:
         raise click.BadParameter(str(exc), param_hint="'--stop'") from None
     except NoDemoDatabase as exc:  # each source tried on a line of its own, no traceback
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(1)
+        _fail(f"error: {exc}", EXIT_FAILED)
     except DemoError as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(code)
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
+    """``message`` on stderr (an error starts ``error: ``, as everywhere), then exit."""
     click.echo(message, err=True)
     sys.exit(code)
 
@@ -580,10 +589,13 @@ def run() -> None:
         main(standalone_mode=False)
     except click.exceptions.Abort:
         _fail("aborted", EXIT_FAILED)
-    except click.UsageError as exc:
-        _fail(f"Error: {_joined(exc.format_message())}", EXIT_USAGE)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `runledger` alone: the help, as click
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as exc:  # lowercase, as every other error (click says "Error:")
+        _fail(f"error: {_joined(exc.format_message())}", EXIT_USAGE)
     except click.ClickException as exc:
-        _fail(f"Error: {_joined(exc.format_message())}", exc.exit_code)
+        _fail(f"error: {_joined(exc.format_message())}", exc.exit_code)
     except errors.ConfigurationError as exc:
         _fail(f"error: ConfigurationError: {_one_line(exc)}", EXIT_USAGE)
     except (errors.DatabaseUnavailable, errors.SchemaMissing) as exc:

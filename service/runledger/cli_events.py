@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -77,6 +78,10 @@ def events(
         if not follow:
             out(rows)
             return
+        # Ctrl-C ends the follow however the command was started: a background job of a
+        # script inherits SIGINT ignored, and Python then raises no KeyboardInterrupt
+        # (the worker and the console install their own handlers, too)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             out(rows)
             follower = EventFollower(conn, after=top, run_id=run_id, kinds=kinds)

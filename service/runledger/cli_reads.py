@@ -36,7 +36,9 @@ from runledger.cli_render import (
     _reading,
     _table,
     age,
+    call_error,
     limit_option,
+    print_table,
     silent_option,
     since_option,
     when,
@@ -126,7 +128,7 @@ def list_runs(
                 _waits(r),
             )
         )
-    console.print(table)
+    print_table(console, table)
     if len(data["runs"]) == limit:
         _line(console, f"(the newest {limit}; --limit for more)")
 
@@ -229,6 +231,7 @@ def show(
                 "attempts",
                 "by (token)",
                 "receipt",
+                "error",
                 whole=("key",),
             )
             for c in turn["calls"]:
@@ -242,9 +245,10 @@ def show(
                         c["attempts"],
                         by,
                         _compact(c["receipt"]),
+                        call_error(c["error"]),
                     )
                 )
-            console.print(table)
+            print_table(console, table)
     _print_actions(console, run["status"], calls)
     shown = len(data["timeline"])
     _line(
@@ -361,7 +365,7 @@ def workers(
                 _ago(data["now"], w["started_at"]),
             )
         )
-    console.print(table)
+    print_table(console, table)
     _line(console, f"silent: no heartbeat for {lease_seconds:g} s (--lease-seconds)")
 
 
@@ -387,8 +391,9 @@ def unknown(
 ) -> None:
     """Every call waiting for a person: unknown calls and calls awaiting approval.
 
-    Each with its run, tool, attempts, the token it was last dispatched under, who
-    dispatched it, its error, and the exact command to run (`runledger resolve ...` for
+    Each with its run's status, tool, attempts, the token it was last dispatched under,
+    who dispatched it, its error (why it waits, and the tool's exception: `--json` has it
+    whole), and the exact command to run (`runledger resolve ...` for
     an unknown call once you know what the provider did; `runledger approve ...` or
     `runledger deny ...` for an approval). A call of a running run has no command yet:
     its worker pauses the run first. Oldest first.
@@ -410,7 +415,7 @@ def unknown(
         return
     table = _table(
         "key",
-        "run",
+        "run status",
         "tool",
         "waits for",
         "attempts",
@@ -428,20 +433,12 @@ def unknown(
                 f"{c['dispatched_by']} ({c['dispatched_token']})" if c["dispatched_by"] else "",
             )
         )
-    console.print(table)
+    print_table(console, table)
     _line(console, "to act (check the provider first for an unknown call):")
     for c in data["calls"]:
-        error = f" ({_reason(c['error'])})" if c["error"] is not None else ""
+        error = f" ({call_error(c['error'])})" if c["error"] is not None else ""
         _line(console, f"  {c['idempotency_key']}{error}")
         for command in c["commands"]:
             _line(console, "    " + command)
         if c["note"]:
             _line(console, f"    {c['note']}")
-
-
-def _reason(error: Any) -> str:
-    """A call's error in a cell: its reason when it has one (``--json`` has it whole)."""
-    reason = error.get("reason") if isinstance(error, dict) else None
-    if isinstance(reason, str):
-        return reason
-    return _compact(error)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -99,9 +100,18 @@ def _reading(database_url: str | None, connect_timeout: float) -> Iterator[Any]:
         yield conn
 
 
+# when stdout is not a terminal and COLUMNS is not set: wide enough for any table
+PIPE_WIDTH = 10_000
+
+
 def _console(*, broken_pipe_raises: bool = False) -> Any:
     """A rich console; with ``broken_pipe_raises``, a reader that went away is
-    ``BrokenPipeError`` for the caller to end on (rich's own answer is exit 1)."""
+    ``BrokenPipeError`` for the caller to end on (rich's own answer is exit 1).
+
+    On a terminal it is the terminal's width (or ``COLUMNS``). Piped or redirected
+    without ``COLUMNS``, rich would assume 80 columns and fold keys across lines, or
+    squeeze the other columns to nothing: there the tables take the width of their
+    content instead, a row per line, every key whole to copy."""
     from rich.console import Console
 
     class _Console(Console):
@@ -110,7 +120,10 @@ def _console(*, broken_pipe_raises: bool = False) -> Any:
                 raise BrokenPipeError
             super().on_broken_pipe()
 
-    return _Console(highlight=False)
+    console = _Console(highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console.width = PIPE_WIDTH
+    return console
 
 
 def _line(console: Any, text: str, style: str = "") -> None:
@@ -122,14 +135,62 @@ def _line(console: Any, text: str, style: str = "") -> None:
 
 def _table(*headers: str, whole: tuple[str, ...] = ()) -> Any:
     """A table whose cells fold, never cut with an ellipsis; the ``whole`` columns (keys,
-    run ids) are kept on one line while the terminal is wide enough for them, and are
-    the last to fold (rich squeezes the other columns first)."""
+    run ids) are kept on one line. Print it with :func:`print_table`."""
     from rich.table import Table
 
     table = Table()
     for header in headers:
         table.add_column(header, overflow="fold", no_wrap=header in whole)
     return table
+
+
+def print_table(console: Any, table: Any) -> None:
+    """Print ``table`` with no cell broken inside a word and every ``whole`` column on one
+    line. rich, given less width than a table's content, narrows its widest columns
+    first, but down to a letter or two whatever their words (``create_ticket`` as
+    ``create`` / ``_ticke`` / ``t``) once a whole column took its share. Here the widest
+    columns are narrowed first too, each no further than its longest word (a whole
+    column not at all). When even that is wider than the console, the table is printed
+    that wide: the terminal wraps its lines, and a key copied from it is whole."""
+    from rich.cells import cell_len
+    from rich.measure import Measurement
+
+    lows, highs = [], []
+    for column in table.columns:
+        texts = [str(getattr(cell, "plain", cell)) for cell in (column.header, *column.cells)]
+        lines = [line for text in texts for line in text.splitlines()] or [""]
+        highs.append(max(cell_len(line) for line in lines))
+        words = [cell_len(word) for line in lines for word in line.split()]
+        lows.append(highs[-1] if column.no_wrap else max(words, default=0))
+    # borders and padding: the table's natural width past its content's (measured with
+    # room to spare, so that a cell wider than the console is not capped)
+    bound = sum(highs) + 8 * (len(highs) + 1)
+    natural = Measurement.get(console, console.options.update(max_width=bound), table)
+    overhead = natural.maximum - sum(highs)
+    room = console.width - overhead
+    if sum(highs) <= room:  # it fits as it is
+        console.print(table)
+        return
+
+    def capped(cap: int) -> list[int]:
+        return [min(high, max(low, cap)) for low, high in zip(lows, highs, strict=True)]
+
+    below, above = 0, max(highs)  # the widest cap that fits: binary search
+    while below < above:
+        middle = (below + above + 1) // 2
+        below, above = (middle, above) if sum(capped(middle)) <= room else (below, middle - 1)
+    widths = capped(below)
+    for i, high in enumerate(highs):  # what the cap left, a column each
+        if sum(widths) < room and widths[i] < high:
+            widths[i] += 1
+    for column, width in zip(table.columns, widths, strict=True):
+        column.width = max(width, 1)
+    saved = console.width
+    console.width = max(saved, sum(widths) + overhead)
+    try:
+        console.print(table)
+    finally:
+        console.width = saved
 
 
 def when(at: str | None) -> str:
@@ -175,6 +236,34 @@ def _expiry(seconds: float | None) -> str:
 
 def _compact(value: Any) -> str:
     return "" if value is None else json.dumps(value, default=str, ensure_ascii=False)
+
+
+ERROR_CHARS = 200  # a call's error in a table, a line or a page; --json has it whole
+
+
+def call_error(error: Any, limit: int = ERROR_CHARS) -> str:
+    """A call's error on one line, for the person who must decide what to do with it:
+    why (its ``reason``), then the tool's exception (``type: message``), then a person's
+    ``note``: ``retries exhausted: RuntimeError: ticket service exploded``. Whitespace
+    is collapsed and the text cut at ``limit`` characters with an ellipsis."""
+    if error is None:
+        return ""
+    if isinstance(error, dict):
+        parts = [] if error.get("reason") in (None, "") else [str(error["reason"])]
+        kind, message = error.get("type"), error.get("message")
+        if kind not in (None, ""):
+            parts.append(f"{kind}: {message}" if message not in (None, "") else str(kind))
+        elif message not in (None, ""):
+            parts.append(str(message))
+        if error.get("note") not in (None, ""):
+            parts.append(str(error["note"]))
+        text = ": ".join(parts) if parts else _compact(error)
+    elif isinstance(error, list | int | float | bool):
+        text = _compact(error)
+    else:  # a string as it is; JSON Python could not decode, described
+        text = str(error)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def _event_line(e: dict[str, Any], *, run: bool = True) -> str:

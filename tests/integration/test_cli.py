@@ -368,11 +368,84 @@ def test_a_bad_value_is_exit_2_and_one_line(
     assert exit_.value.code == 2
     out, err = capsys.readouterr()
     assert out == ""
-    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, err
     assert named in errors[0]
     assert "Traceback" not in err
     assert admin_conn.execute("SELECT run_id FROM runledger.runs").fetchall() == [("queued-run",)]
+
+
+# -- one prefix for every error: `error: `, as git and the compilers print it ---------------
+
+FAILING = [
+    # (argv, environment over the test database's, exit code)
+    (["status"], {}, 2),  # click: a missing argument
+    (["nosuch"], {}, 2),  # click: no such command
+    (["resolve", "k:0:c0", "sideways"], {}, 2),  # click: not a choice
+    (["list", "--limit", "0"], {}, 2),
+    (["submit", "nobody@1", "--input", "[1"], {}, 2),  # not JSON
+    (["status", "r"], {"RUNLEDGER_DATABASE_URL": "", "DATABASE_URL": ""}, 2),  # no URL
+    (["status", "r"], {"RUNLEDGER_DATABASE_URL": "notaurl"}, 2),  # ConfigurationError
+    (["demo", "--stop", "/nonexistent"], {}, 2),
+    (["status", "no-such-run"], {}, 1),  # RunNotFound
+    (["wait", "queued-run", "--timeout", "0.1"], {}, 1),  # still queued: a check failed
+    (["demo"], {"RUNLEDGER_TEST_POSTGRES": "url", "RUNLEDGER_TEST_DATABASE_URL": ""}, 1),
+    (["list", "--connect-timeout", "2"], {"RUNLEDGER_DATABASE_URL": "CLOSED"}, 3),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "code"), FAILING, ids=[" ".join(a)[:30] + str(e)[:20] for a, e, _ in FAILING]
+)
+def test_every_error_starts_with_lowercase_error(
+    database_url: str,
+    admin_conn: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    code: int,
+) -> None:
+    """Click's usage errors said ``Error:``, runledger's own ``error:``: now one prefix,
+    whatever the kind of error and its exit code. The demo's list of what it tried
+    comes after its ``error:`` line."""
+    import socket
+
+    admin_conn.execute("SELECT * FROM runledger.submit_run('queued-run', 'nobody', '1', '{}')")
+    monkeypatch.setenv("RUNLEDGER_DATABASE_URL", database_url)
+    for name, value in env.items():
+        if value == "CLOSED":
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                value = f"postgresql://u@127.0.0.1:{sock.getsockname()[1]}/db"
+        if value:
+            monkeypatch.setenv(name, value)
+        else:
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "argv", ["runledger", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (code, ""), err
+    lines = err.splitlines()
+    assert lines[0].startswith("error: "), err
+    assert len(lines) == 1 or argv == ["demo"], err
+    assert not any(line.startswith("Error") for line in lines), err
+    assert "Traceback" not in err, err
+
+
+def test_runledger_alone_shows_its_help(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not the help folded into one ``Error:`` line: the help, as click shows it (exit 2)."""
+    monkeypatch.setattr(sys, "argv", ["runledger"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.run()
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (2, "")
+    assert err.startswith("Usage: runledger [OPTIONS] COMMAND [ARGS]...\n"), err
+    assert "\nCommands:\n" in err and "Exit codes" in err
+    assert "error" not in err.lower().split("exit codes")[0], err
 
 
 # A flow the worker command can import by name.
@@ -476,11 +549,77 @@ async def test_status_prints_long_keys_and_the_resolve_line_whole_at_80_columns(
     assert f"pause reason: {paused['pause_reason']}" in lines
     assert f"  runledger resolve {key} applied|not_applied|abandoned" in lines
     assert lines[0].startswith(f"{run_id} modes@1 paused ")
-    # the table folds the key over lines; every character is there, in order
-    cells = "".join(
-        line.split("│")[1].strip() for line in lines if line.startswith("│") and "│" in line[1:]
+    # the key is whole on one line of the table, never folded over lines: the table is
+    # wider than 80 columns then, the terminal wraps its lines and a copy is whole
+    assert any(line.startswith(f"│ {key} │ poke ") for line in lines), result.stdout
+
+
+def _piped(database_url: str, *args: str) -> list[str]:
+    """``runledger ARGS | cat``: a real process, stdout a pipe, no COLUMNS."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["RUNLEDGER_DATABASE_URL"] = database_url
+    done = subprocess.run(
+        [sys.executable, "-m", "runledger", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    assert key in cells
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return done.stdout.splitlines()
+
+
+def _row(lines: list[str], first: str) -> list[str]:
+    """The cells of the table line whose first cell is ``first`` (the whole row: a
+    piped table has a line per row)."""
+    [row] = [line for line in lines if line.startswith(f"│ {first} │")]
+    return [cell.strip() for cell in row.split("│")[1:-1]]
+
+
+async def test_whole_keys_when_piped_and_the_tools_error(
+    database_url: str, db: Db, start_worker: StartWorker
+) -> None:
+    """Piped, rich would assume 80 columns: status folded the key over lines, show and
+    unknown squeezed the other columns to nothing. Each row is one line now, its key
+    whole to copy into ``runledger resolve``. The tool raised on every attempt: each
+    command says what it raised (status showed ``null``, unknown ``(retries exhausted)``)."""
+    flow = Flow("tickets", "1")
+
+    @flow.tool(safety="idempotent", max_attempts=3)
+    def create_ticket(ctx: Any) -> str:
+        raise RuntimeError("ticket service exploded")
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return [] if history else [ToolCall("create_ticket", {})]
+
+    run_id = "r" + "-long" * 25 + "-x"  # 128 characters: the longest run id there is
+    key = f"{run_id}:0:c0"
+    await db.submit(run_id, flow)
+    await start_worker(flow, worker_id="w-err")
+    await db.wait_status(run_id, "paused")
+    error = "retries exhausted: RuntimeError: ticket service exploded"
+
+    status = _piped(database_url, "status", run_id)
+    assert _row(status, key) == [key, "create_ticket", "unknown", "3", "null", "null", error]
+    show = _piped(database_url, "show", run_id)
+    assert _row(show, key) == [key, "create_ticket", "unknown", "3", "w-err (1)", "", error]
+    unknown = _piped(database_url, "unknown")
+    header = next(line for line in unknown if line.startswith("┃ key "))
+    assert [h.strip() for h in header.split("┃")[1:-1]] == [
+        "key",
+        "run status",  # it was "run", over the run's status
+        "tool",
+        "waits for",
+        "attempts",
+        "sent by (token)",
+    ]
+    assert _row(unknown, key) == [key, "paused", "create_ticket", "unknown", "3", "w-err (1)"]
+    assert f"  {key} ({error})" in unknown
+    assert f"    runledger resolve {key} applied|not_applied|abandoned" in unknown
 
 
 async def test_status_prints_no_resolve_line_without_unknown_calls(

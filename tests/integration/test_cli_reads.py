@@ -403,15 +403,26 @@ async def test_events_filters_newest_last(world: World) -> None:
     assert " r-live claimed by w-live token=1 " in text
 
 
+# How the command is started: as the suite was (a terminal's foreground job has SIGINT at
+# its default), and as a background job of a script (`runledger events --follow &` in a
+# non-interactive shell: the shell sets SIGINT to ignored, and Python then installs no
+# KeyboardInterrupt handler). `trap "" INT; exec` is that shell's doing, made explicit.
+LAUNCH = {
+    "as-started": [],
+    "sigint-ignored": ["sh", "-c", 'trap "" INT; exec "$0" "$@"'],
+}
+
+
+@pytest.mark.parametrize("launch", list(LAUNCH))
 def test_events_follow_prints_new_events_until_ctrl_c(
-    database_url: str, admin_conn: psycopg.Connection[Any]
+    database_url: str, admin_conn: psycopg.Connection[Any], launch: str
 ) -> None:
     """A real process: it prints as JSON lines, sees an event written after it started,
-    and exits 0 without a traceback on SIGINT (Ctrl-C)."""
+    and exits 0 without a traceback on SIGINT (Ctrl-C), however it was started."""
     admin_conn.execute("SELECT * FROM runledger.submit_run('f-1', 'idle', '1', '{}')")
     env = {**os.environ, "RUNLEDGER_DATABASE_URL": database_url}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runledger", "events", "--follow", "--json"],
+        [*LAUNCH[launch], sys.executable, "-m", "runledger", "events", "--follow", "--json"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -321,6 +321,27 @@ async def test_the_pages_show_what_the_api_has(client: TestClient) -> None:
     assert client.get("/", follow_redirects=False).headers["location"] == "/runs"
 
 
+async def test_the_run_page_and_the_inbox_say_what_the_tool_raised(
+    client: TestClient,
+) -> None:
+    """The call's error as the CLI shows it, one line (why, then the exception); the
+    whole JSON in its title. The inbox showed the reason only, the run page raw JSON."""
+    import html
+    import re
+
+    shown = "ambiguous failure of an unsafe tool: ConnectionResetError: no answer"
+    for page in ("/runs/c-unknown", "/inbox"):
+        [(title, text)] = re.findall(
+            r'<code class="json err" title="([^"]*)">([^<]*)</code>', client.get(page).text
+        )
+        assert text == shown, page
+        assert json.loads(html.unescape(title)) == {
+            "reason": "ambiguous failure of an unsafe tool",
+            "type": "ConnectionResetError",
+            "message": "no answer",
+        }
+
+
 # -- --redact ---------------------------------------------------------------------------
 
 

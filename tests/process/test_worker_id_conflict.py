@@ -45,7 +45,11 @@ def test_a_second_worker_with_a_live_id_exits_with_one_line_and_the_id_is_free_a
 
     (dup,) = workers.start(1, args=[*lease_args, "--worker-id", "w0"])
     assert workers.wait(dup, timeout=30) == 1, workers.log(dup)
-    assert CONFLICT in _one_clear_line(workers.log(dup))
+    # the whole output is one line: no retry warning before it, no log line's stamp
+    [line] = workers.log(dup).splitlines()
+    assert line.startswith(f"error: WorkerConflict: {CONFLICT} (registered by host "), line
+    assert f" pid {workers.pid(w0)} since " in line
+    assert line.endswith(": stop that worker or start this one with another --worker-id")
     # the first worker is untouched and still the registered one
     assert workers.alive(w0)
     assert _registered_pid(admin_conn) == workers.pid(w0)

@@ -27,8 +27,8 @@ def test_a_bad_env_value_stops_the_worker_with_one_line(workers: Any) -> None:
     (w0,) = workers.start(1, env={"RUNLEDGER_LEASE_SECONDS": "nan"})
     assert workers.wait(w0) == 2
     log = workers.log(w0)
-    assert [line for line in log.splitlines() if line.startswith("Error:")] == [
-        "Error: Invalid value for '--lease-seconds' (env var: RUNLEDGER_LEASE_SECONDS): "
+    assert [line for line in log.splitlines() if line.startswith("error:")] == [
+        "error: Invalid value for '--lease-seconds' (env var: RUNLEDGER_LEASE_SECONDS): "
         "'nan' is not a finite number."
     ]
     assert "Traceback" not in log

@@ -439,7 +439,7 @@ def test_hostile_arguments_are_one_usage_line_before_connecting(
     assert exit_.value.code == 2, err
     assert out == ""
     [line] = err.splitlines()
-    assert line.startswith("Error: ") and named in line, line
+    assert line.startswith("error: ") and named in line, line
     assert "Traceback" not in err and "RecursionError" not in err
 
 

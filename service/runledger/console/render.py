@@ -10,7 +10,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from runledger.cli_render import _ago, _compact, _event_line, _expiry, age, when
+from runledger.cli_render import _ago, _compact, _event_line, _expiry, age, call_error, when
 
 STATUS_CLASS = {
     "queued": "st-queued",
@@ -52,6 +52,7 @@ def environment() -> jinja2.Environment:
         age=age,
         expiry=_expiry,
         compact=_compact,
+        call_error=call_error,
         pretty=_pretty,
         event_line=_event_line,
         status_class=lambda s: STATUS_CLASS.get(str(s), ""),

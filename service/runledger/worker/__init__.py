@@ -6,10 +6,14 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
+from runledger import errors
 from runledger.config import Settings
 from runledger.flows import Flow
 from runledger.worker.executor import Limits
@@ -19,6 +23,7 @@ from runledger.worker.tracing import log_fields
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "FlowsImportError",
     "Limits",
     "Worker",
     "configure_logging",
@@ -60,14 +65,58 @@ def worker_from_settings(settings: Settings, flows: Sequence[Flow]) -> Worker:
     )
 
 
+class FlowsImportError(ImportError):
+    """A flows module could not be imported: one line naming the module and its error."""
+
+
+def _import_flows_module(module_name: str) -> Any:
+    """Import ``module_name``; whatever its import raised (a syntax error, an exception
+    at import, a dependency that is not installed) is :class:`FlowsImportError` naming the
+    module, the error and where it was raised (the traceback at DEBUG)."""
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:
+        log.debug("flows module %r failed to import", module_name, exc_info=True)
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing is not None and (module_name + ".").startswith(missing + "."):
+            raise FlowsImportError(
+                f"flows module {module_name!r} not found ({exc}): is it installed, or "
+                "importable from the current directory?"
+            ) from None
+        where = "" if isinstance(exc, SyntaxError) else _raised_at(exc)  # it names its line
+        said = " ".join(str(exc).split())
+        raise FlowsImportError(
+            f"flows module {module_name!r} failed to import: "
+            f"{type(exc).__name__}{': ' + said if said else ''}{where}"
+        ) from None
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (myapp/flows.py, line 12)``: the innermost line of the traceback in the user's
+    code (not in the standard library, site-packages or importlib), else the innermost."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    libraries = tuple(
+        {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    )
+    own = [f for f in frames if not f.filename.startswith(libraries)]
+    if not (own or frames):
+        return ""
+    frame = (own or frames)[-1]
+    path = os.path.relpath(frame.filename)
+    return f" ({frame.filename if path.startswith('..') else path}, line {frame.lineno})"
+
+
 def load_flows(specs: Iterable[str]) -> list[Flow]:
-    """Import ``package.module:attribute`` specs; the attribute is a Flow or a list of Flows."""
+    """Import ``package.module:attribute`` specs; the attribute is a Flow or a list of Flows.
+
+    Raises :class:`ValueError` for a malformed spec or attribute, and
+    :class:`FlowsImportError` (one line) when the module cannot be imported."""
     flows: list[Flow] = []
     for spec in specs:
         module_name, sep, attr = spec.partition(":")
         if not sep or not module_name or not attr:
             raise ValueError(f"--flows {spec!r}: expected package.module:attribute")
-        module = importlib.import_module(module_name)
+        module = _import_flows_module(module_name)
         try:
             value: Any = getattr(module, attr)
         except AttributeError:
@@ -141,9 +190,10 @@ def run_worker(worker: Worker, event_loop: str = "auto") -> None:
     """Run ``worker`` until it stops; exit 1 with one line when it cannot go on.
 
     Exit codes: 0 after a clean stop (SIGTERM/SIGINT, runs drained); 1 when an internal
-    task died, or when the database refused the worker id because another live worker
-    holds it (at startup, after retrying for a few seconds; or on reconnecting, when it
-    was taken meanwhile). ``event_loop``: see :func:`event_loop_runner`.
+    task died, or when the database refused the worker id on reconnecting (another live
+    worker took it meanwhile). Raises :class:`~runledger.errors.WorkerConflict` (one line)
+    when the id is refused at startup, after retrying for a few seconds: another live
+    worker holds it. ``event_loop``: see :func:`event_loop_runner`.
     """
     runner = event_loop_runner(event_loop)
 
@@ -159,5 +209,4 @@ def run_worker(worker: Worker, event_loop: str = "auto") -> None:
     except Exception as exc:
         if not is_worker_conflict(exc):
             raise
-        log.critical(conflict_message(worker.worker_id, exc), extra={"worker_id": worker.worker_id})
-        sys.exit(1)
+        raise errors.WorkerConflict(conflict_message(worker.worker_id, exc)) from None

@@ -44,15 +44,14 @@ def is_worker_conflict(exc: BaseException) -> bool:
 
 
 def conflict_message(worker_id: str, exc: BaseException) -> str:
-    """One line for a refused worker id."""
-    said = (
-        getattr(exc, "message", None)
-        or getattr(getattr(exc, "diag", None), "message_primary", None)
-        or str(exc)
+    """One line for a refused worker id: who holds it (the refusal's DETAIL: host, pid,
+    since when) and what to do."""
+    detail = getattr(exc, "detail", None) or getattr(
+        getattr(exc, "diag", None), "message_detail", None
     )
-    first = str(said).splitlines()[0] if str(said).strip() else "refused"
+    held = f" ({' '.join(str(detail).split())})" if detail else ""
     return (
-        f"worker id {worker_id!r} is in use by another live worker ({first}): stop that "
+        f"worker id {worker_id!r} is in use by another live worker{held}: stop that "
         "worker or start this one with another --worker-id"
     )
 
@@ -167,9 +166,9 @@ class Listening:
                         )
                 elif time.monotonic() + delay > deadline:
                     raise
-                elif not warned:
+                elif not warned:  # the refusal that ends it is the one line the user sees
                     warned = True
-                    log.warning(
+                    log.debug(
                         "worker id in use by a live session; retrying for up to %.0f s",
                         REGISTER_PATIENCE,
                         extra={"worker_id": self.worker_id},
