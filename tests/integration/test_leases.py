@@ -190,3 +190,41 @@ async def test_a_renewal_that_races_the_runs_own_end_does_not_drop_it(
     assert run["status"] == "succeeded"
     dropped = [r.getMessage() for r in caplog.records if "dropping run" in r.getMessage()]
     assert dropped == []
+
+
+async def test_a_call_dispatched_by_a_write_that_lands_after_the_fence_is_released(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """The decision that dispatches the first call is on its way when the run is fenced
+    locally; it lands, and no tool will ever send that call: it is released as not_sent
+    (revision 0031), so the next holder sends it without waiting for this lease."""
+    rec = Recorder()
+
+    async def work(ctx: Any) -> str:
+        rec.tool(ctx)
+        return "done"
+
+    flow = _flow(rec, work)
+    rw = await start_worker(flow)
+    store = rw.worker.store
+    assert store is not None
+    on_its_way, land = asyncio.Event(), asyncio.Event()
+    real = store.record_turn_v4
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        on_its_way.set()
+        await land.wait()
+        return await real(*args, **kwargs)
+
+    store.record_turn_v4 = held  # type: ignore[method-assign]
+    await db.submit("fenced-dispatch", flow)
+    await asyncio.wait_for(on_its_way.wait(), timeout=10)
+    rw.worker._fence(rw.worker.active["fenced-dispatch"], "the test fences it")
+    land.set()
+    await eventually(lambda: db.events("fenced-dispatch", "send_released"), what="the release")
+    [told] = await db.events("fenced-dispatch", "send_released")
+    assert told["detail"]["ended"] == "not_sent" and told["detail"]["by"] == "sender"
+    assert told["detail"]["idempotency_key"] == "fenced-dispatch:0:c0"
+    [call] = await db.calls("fenced-dispatch")
+    assert call["status"] == "dispatched"
+    assert rec.calls_of("work") == []  # never sent

@@ -285,7 +285,8 @@ class Calls:
             except asyncio.CancelledError:
                 # fenced while the dispatch was on its way: it may still land, and then
                 # the call is dispatched with nothing sent
-                self.writes.track(active, self._unsent(active, call, landing=True), busy=False)
+                landing = self.writes.release_unsent(active, call.idempotency_key, tries=30)
+                self.writes.track(active, landing, busy=False)
                 raise
         else:
             attempt = dispatched
@@ -295,7 +296,9 @@ class Calls:
             self.crash.hit("after_dispatch", tool.name)
             check_deadline(active)  # no call starts after the local deadline
         except BaseException:
-            self.writes.track(active, self._unsent(active, call), busy=False)
+            self.writes.track(
+                active, self.writes.release_unsent(active, call.idempotency_key), busy=False
+            )
             raise
         sent = evolve(
             known,
@@ -463,26 +466,6 @@ class Calls:
                     "ended": ended["ended"],
                 },
             )
-
-    async def _unsent(self, active: ActiveRun, call: Call, *, landing: bool = False) -> None:
-        """Release a call this holder dispatched but never sent (its tool never started):
-        the next holder sends it, whatever its class, without waiting for this lease.
-        ``landing``: the dispatch may still be on its way; until it has landed the release
-        is refused (the call is not dispatched under this lease), so it is tried again for
-        a few seconds, after which there is nothing to release."""
-        c = active.claim
-        args = (c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, self.writes.worker_id)
-        for _ in range(30 if landing else 1):
-            try:
-                await self.writes.store.release_call(*args, {"ended": "not_sent"})
-                return
-            except (errors.LeaseLost, errors.InvalidInput):
-                if not landing:
-                    return
-            except Exception as exc:
-                log.info("an unsent call not released: %r", exc, extra={"run_id": c.run_id})
-                return
-            await asyncio.sleep(0.1)
 
     async def _await_sender(
         self, active: ActiveRun, call: Call, known: Known

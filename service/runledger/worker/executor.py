@@ -287,7 +287,10 @@ class Executor:
                         dispatch=first,
                     )
                 active.state_version, attempts = await self.writes.write(
-                    active, "record_turn", written
+                    active,
+                    "record_turn",
+                    written,
+                    dispatches=[f"{c.run_id}:{next_turn}:{call_id}" for call_id in first],
                 )
             except errors.InvalidInput as exc:  # e.g. args the database cannot store
                 failed = error_of(exc)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -57,21 +57,36 @@ class Writes:
         self._queued: dict[tuple[str, int], list[_Queued]] = {}
         self._writers: dict[tuple[str, int], asyncio.Task[None]] = {}
 
-    async def write(self, active: ActiveRun, operation: str, coro: Coroutine[Any, Any, T]) -> T:
-        """Send one write of this run's lease and wait for the database's answer."""
+    async def write(
+        self,
+        active: ActiveRun,
+        operation: str,
+        coro: Coroutine[Any, Any, T],
+        *,
+        dispatches: Sequence[str] = (),
+    ) -> T:
+        """Send one write of this run's lease and wait for the database's answer.
+        ``dispatches``: the keys of the calls the write dispatches; if the run is fenced
+        while it is on its way and it lands, nothing will send them: they are released as
+        ``not_sent`` (the next holder sends them without waiting for this lease)."""
         active.operation = operation
         task, answer = detached(coro)  # once sent, the database decides: not cut off
         try:
             return await answer
         except asyncio.CancelledError:
-            task.add_done_callback(lambda t: self._after_fenced_write(active, t))
+            task.add_done_callback(lambda t: self._after_fenced_write(active, t, dispatches))
             self.track(active, task)
             raise
 
-    def _after_fenced_write(self, active: ActiveRun, task: asyncio.Future[Any]) -> None:
+    def _after_fenced_write(
+        self, active: ActiveRun, task: asyncio.Future[Any], dispatches: Sequence[str] = ()
+    ) -> None:
         if task.cancelled():
             return
         exc = task.exception()
+        if exc is None:
+            for key in dispatches:
+                self.track(active, self.release_unsent(active, key), busy=False)
         if isinstance(exc, errors.LeaseLost):
             self.track(active, self.report_stale(active, exc))
 
@@ -155,7 +170,8 @@ class Writes:
             attempt = await self.write(
                 active,
                 "complete_call",
-                self.store.complete_call_v2(
+                dispatches=(next_call.idempotency_key,),
+                coro=self.store.complete_call_v2(
                     *args,
                     receipt,
                     next_key=next_call.idempotency_key,
@@ -339,6 +355,24 @@ class Writes:
             log.exception("could not record the refused write", extra={"run_id": active.run_id})
 
     # -- background work of a fenced run -----------------------------------------------
+
+    async def release_unsent(self, active: ActiveRun, key: str, *, tries: int = 1) -> None:
+        """Release a call this lease dispatched but never sent (``release_call``, ended
+        ``not_sent``): the next holder sends it at once, whatever its class. ``tries``: a
+        dispatch still on its way is not there to release yet (refused: the call is not
+        dispatched under this lease); it is tried again every 0.1 s that many times."""
+        c = active.claim
+        args = (c.run_id, c.lease_id, c.fencing_token, key, self.worker_id)
+        for attempt in range(tries):
+            try:
+                await self.store.release_call(*args, {"ended": "not_sent"})
+                return
+            except (errors.LeaseLost, errors.InvalidInput):
+                if attempt + 1 < tries:
+                    await asyncio.sleep(0.1)
+            except Exception as exc:
+                log.info("an unsent call not released: %r", exc, extra={"run_id": c.run_id})
+                return
 
     def track(self, active: ActiveRun, aw: Awaitable[Any], *, busy: bool = True) -> None:
         """Keep a background task of this run (a tool thread's result, a write in flight).
