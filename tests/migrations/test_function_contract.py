@@ -361,9 +361,14 @@ CONTRACT: list[Fn] = [
             ("p_flows", "text[]"),
             ("p_session_lock", "boolean"),
             ("p_process", "text"),  # revision 0031: the worker's process, for its peers
+            # revision 0032: registered without a session of its own (through a pooler)
+            ("p_incarnation", "uuid"),
+            ("p_session", "boolean"),
+            ("p_silent_after", "interval"),
+            ("p_gone_process", "text"),
         ],
         [("session_lock", "bigint"), ("session_pid", "integer")],
-        defaults=1,
+        defaults=5,
     ),
     Fn(  # revision 0031: who sent a call in flight, until when it may be sending it
         "call_sender",
@@ -396,6 +401,12 @@ CONTRACT: list[Fn] = [
             ("p_detail", "jsonb"),
         ],
         "boolean",
+    ),
+    Fn(  # revision 0032: with p_incarnation, only the process holding the id
+        "heartbeat_worker",
+        [("p_worker_id", "text"), ("p_stopped", "boolean"), ("p_incarnation", "uuid")],
+        "void",
+        defaults=2,
     ),
     Fn(  # revision 0011: the listener's heartbeat
         "heartbeat_listener",
@@ -593,7 +604,8 @@ UNPINNED = {
     "runledger._prune_authorized()",
     "runledger._gone_sessions()",  # revision 0011
     "runledger._claim(text,text[],interval,integer,boolean)",  # revision 0020
-    "runledger._register_worker(text,text,integer,text[],bigint,text)",  # revisions 0011, 0031
+    # revisions 0011, 0031, 0032
+    "runledger._register_worker(text,text,integer,text[],bigint,text,uuid,boolean,interval,text)",
     "runledger._sender_until(text,text,bigint,integer,timestamp with time zone)",  # 0031
     "runledger._event_hash(bytea,bigint,text,timestamp with time zone,text,text,bigint,bigint,"
     "jsonb)",  # revision 0016

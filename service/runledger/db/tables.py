@@ -249,6 +249,11 @@ workers: Final = Table(
     # 0031: the worker's process as its host names it, for a peer on the same host to tell
     # whether it is gone (runledger.worker.liveness); NULL: unknown
     Column("process", Text, nullable=True),
+    # 0032: the worker process's own random id (the same process registering again) and
+    # how long it may be silent before its id is free when it has no session of its own
+    # (registered through a pooler: session_pid NULL)
+    Column("incarnation", UUID(as_uuid=True), nullable=True),
+    Column("silent_after", INTERVAL, nullable=True),
     PrimaryKeyConstraint("worker_id"),
 )
 

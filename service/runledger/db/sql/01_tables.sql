@@ -348,7 +348,8 @@ CREATE TABLE runledger.workers (
     heartbeat_at timestamptz NOT NULL,
     stopped_at timestamptz,
     -- the database session that registered: register_worker refuses the id to another
-    -- session while this one is alive (NULL: registered before revision 0003)
+    -- session while this one is alive (NULL: registered before revision 0003, or, since
+    -- revision 0032, without a session of its own: then silent_after rules)
     session_pid integer,
     session_started_at timestamptz,
     -- revision 0011: the key of the session-level advisory lock the registering session
@@ -358,6 +359,15 @@ CREATE TABLE runledger.workers (
     -- host to tell whether that process is gone (runledger.worker.liveness); NULL: unknown
     -- (registered without it), and then its death is never certain
     process text,
+    -- revision 0032: a random id its process minted when it started, which the same
+    -- process presents when it registers again (its listener reconnected) and with each
+    -- heartbeat; NULL: registered without it
+    incarnation uuid,
+    -- revision 0032: how long it may go without a heartbeat before it counts as gone (its
+    -- lease: three missed heartbeats). A worker registered without a session of its own
+    -- (through a pooler: session_pid NULL) holds its id until it stops or is silent
+    -- that long; NULL: not given
+    silent_after interval,
     CONSTRAINT pk_workers PRIMARY KEY (worker_id)
 );
 

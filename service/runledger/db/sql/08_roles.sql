@@ -97,11 +97,12 @@ BEGIN
             runledger.release_lease(text, uuid, bigint, text, jsonb),
             runledger.report_stale_write(text, text, uuid, bigint, text, text),
             runledger.register_worker(text, text, int, text[]),
-            runledger.register_worker_v2(text, text, int, text[], boolean, text),
+            runledger.register_worker_v2(text, text, int, text[], boolean, text, uuid, boolean,
+                                         interval, text),
             runledger.call_sender(text, uuid, bigint, text),
             runledger.release_call(text, uuid, bigint, text, text, jsonb),
             runledger.heartbeat_listener(text),
-            runledger.heartbeat_worker(text, boolean),
+            runledger.heartbeat_worker(text, boolean, uuid),
             runledger.checkpoint_events(text, interval)
         TO runledger_worker;
     END IF;
