@@ -44,6 +44,10 @@ class Client:
     :class:`~runledger.errors.DatabaseUnavailable` (down, wrong host, port, role or
     database), :class:`~runledger.errors.SchemaMissing` (run ``runledger migrate``) or
     :class:`~runledger.errors.ConfigurationError` (no URL, or not a URL).
+
+    ``pooler``: what the URL reaches, ``"transaction"`` or ``"session"`` for PgBouncer in
+    that mode (else ``RUNLEDGER_POOLER``, else ``"auto"``: found out when connecting).
+    Through a transaction pooler nothing is prepared (docs/operating.md, "PgBouncer").
     """
 
     def __init__(
@@ -52,8 +56,9 @@ class Client:
         *,
         actor: str | None = None,
         connect_timeout: float | None = None,
+        pooler: str | None = None,
     ) -> None:
-        settings = connection_settings(database_url, connect_timeout)
+        settings = connection_settings(database_url, connect_timeout, pooler)
         self.database_url = settings.require_database_url()
         # given (or from the environment): it wins; else the URL's own, else the default
         self.connect_timeout = (
@@ -67,7 +72,12 @@ class Client:
         self._thread.start()
         try:
             self._store: Store = self._run(
-                Store.connect(self.database_url, max_size=2, connect_timeout=self.connect_timeout)
+                Store.connect(
+                    self.database_url,
+                    max_size=2,
+                    connect_timeout=self.connect_timeout,
+                    pooler=settings.pooler,
+                )
             )
         except BaseException:
             self._stop_loop()

@@ -34,6 +34,9 @@ from runledger.errors import ConfigurationError
 ENV_PREFIX = "RUNLEDGER_"
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+# what the database URL reaches (docs/operating.md, "PgBouncer"): auto (found out when
+# connecting), or a pooler in session or transaction mode
+Pooler = Literal["auto", "session", "transaction"]
 EventLoop = Literal["auto", "asyncio", "uvloop"]
 
 _CONFIG = SettingsConfigDict(
@@ -62,6 +65,18 @@ class ConnectionSettings(BaseSettings):
         le=600,
         description="Seconds to wait for the database before failing with one line.",
     )
+    pooler: Pooler = Field(
+        default="auto",
+        description="What the database URL reaches: a pooler in transaction mode (PgBouncer's "
+        "pool_mode = transaction: nothing is prepared on its sessions, no LISTEN, no session "
+        "lock), in session mode, or auto: PostgreSQL or a pooler, found out when connecting "
+        "(docs/operating.md, PgBouncer).",
+    )
+
+    @field_validator("pooler", mode="before")
+    @classmethod
+    def _lower_pooler(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     def require_database_url(self) -> str:
         if not self.database_url:
@@ -214,7 +229,9 @@ def load_settings(**overrides: object) -> Settings:
 
 
 def connection_settings(
-    database_url: str | None = None, connect_timeout: float | None = None
+    database_url: str | None = None,
+    connect_timeout: float | None = None,
+    pooler: str | None = None,
 ) -> ConnectionSettings:
     """The connection settings: the values given, else the environment, else the defaults.
 
@@ -226,6 +243,8 @@ def connection_settings(
         given["database_url"] = database_url
     if connect_timeout is not None:
         given["connect_timeout"] = connect_timeout
+    if pooler is not None:
+        given["pooler"] = pooler
     try:
         return ConnectionSettings(**given)
     except ValidationError as exc:

@@ -15,6 +15,7 @@ from runledger import errors
 from runledger.db import wire
 from runledger.db.fastpath import COMPLETE_CALL_V2, RECORD_TURN_V4
 from runledger.db.rows import as_stored
+from runledger.db.store import Store
 
 from .helpers import rows
 
@@ -95,6 +96,50 @@ async def test_statements_are_prepared_again_after_discard_all(database_url: str
         assert await wire.execute(conn, probe, ["again", []]) == [{"x": "again!", "a": []}]
         with pytest.raises(TypeError):
             await wire.execute(conn, probe, ["one"])
+
+
+async def test_a_connection_that_never_prepares_sends_each_statement_unnamed(
+    database_url: str,
+) -> None:
+    """psycopg's ``prepare_threshold=None`` (a transaction pooler's connection: a named
+    statement would be another client's server session's next time) holds for the hot
+    path's statements too: the same rows and refusals, nothing left prepared."""
+    async with await psycopg.AsyncConnection.connect(
+        database_url, autocommit=True, prepare_threshold=None
+    ) as conn:
+        probe = wire.Prepared("test_unnamed", "SELECT $1::text || '!' AS x, $2::int[] AS a", 2)
+        for _ in range(3):
+            assert await wire.execute(conn, probe, ["hi", [1, 2]]) == [{"x": "hi!", "a": [1, 2]}]
+        bad = wire.Prepared("test_unnamed_bad", "SELECT 1 / $1::int AS n", 1)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await wire.execute(conn, bad, [0])
+        assert await wire.execute(conn, bad, [1]) == [{"n": 1}]
+        cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert await cur.fetchone() == (0,)
+
+
+async def test_a_store_told_of_a_transaction_pooler_prepares_nothing(database_url: str) -> None:
+    """``Store.connect(pooler="transaction")``: its pool's connections never prepare, by
+    psycopg or by the hot path; said, not probed (``reach_why`` empty). Found out
+    (``auto``) on a direct connection: ``direct``, and prepared as before."""
+    told = await Store.connect(database_url, max_size=1, pooler="transaction")
+    try:
+        assert (told.reach, told.reach_why) == ("transaction", "")
+        for n in range(7):  # past psycopg's prepare_threshold (5)
+            await told.submit_run(f"tx-{n}", "demo", "1", {})
+        await told.claim_runs_v4("w1", ["demo@1"], LEASE, 0)
+        # the one connection of the pool, the session every statement above went through
+        assert await told._read("SELECT name FROM pg_prepared_statements", ()) == []
+    finally:
+        await told.close()
+    found = await Store.connect(database_url, max_size=1)
+    try:
+        assert found.reach == "direct" and "client port" in found.reach_why
+        await found.claim_runs_v4("w1", ["demo@1"], LEASE, 0)
+        prepared = await found._read("SELECT name FROM pg_prepared_statements", ())
+        assert {"name": "rl_claim_runs_v4"} in prepared
+    finally:
+        await found.close()
 
 
 async def test_a_dropped_connection_is_a_connection_error(database_url: str) -> None:

@@ -142,6 +142,7 @@ INT_SETTINGS = [n for n, f in Settings.model_fields.items() if f.annotation is i
 NON_DEFAULT = {
     "database_url": "postgresql://u@h/db",
     "connect_timeout": "2.5",
+    "pooler": "transaction",
     "worker_id": "w-env",
     "concurrency": "9",
     "lease_seconds": "12.5",

@@ -51,6 +51,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from runledger import errors
 from runledger.db import wire
+from runledger.db.pooler import Reach, reach
 from runledger.db.rows import Row
 from runledger.db.validate import check_json
 
@@ -262,13 +263,16 @@ async def probe(
     application_name: str = "runledger",
     check_schema: bool = True,
     writes: str | None = None,
-) -> None:
+    detect_pooler: bool = False,
+) -> tuple[Reach, str] | None:
     """Connect once within ``timeout`` seconds and check the schema, or raise the one line.
 
     The schema check: ``runledger.runs`` exists, and the database is not at an older
     revision than this code's head (a newer one is fine: two releases share a database
     during a rolling deploy). ``writes`` names what is about to write (``"the
     migration"``): a standby is then :class:`~runledger.errors.ReadOnly` before it starts.
+    With ``detect_pooler``, what the URL reaches and why (:func:`runledger.db.pooler.reach`);
+    else None.
 
     A connection the server ends while the checks run (an operator's
     ``pg_terminate_backend``, a restart) is opened again within the same ``timeout``: a
@@ -286,6 +290,7 @@ async def probe(
                     autocommit=True,
                     connect_timeout=connect_timeout_param(left),
                     application_name=application_name[:63],
+                    prepare_threshold=None,  # a few statements, and perhaps through a pooler
                 )
         except TimeoutError as exc:
             raise connect_error(exc, url, timeout) from None
@@ -302,7 +307,18 @@ async def probe(
                     )
                 if check_schema:
                     await _check_schema(conn, f"database {dbname!r} at {hosts_ports(host, port)}")
-            return
+                if not detect_pooler:
+                    return None
+                try:
+                    async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                        return await reach(
+                            conn,
+                            url,
+                            connect_timeout=connect_timeout_param(left),
+                            application_name=application_name[:63],
+                        )
+                except TimeoutError as exc:
+                    raise connect_error(exc, url, timeout) from None
         except psycopg.OperationalError as exc:
             if not conn.broken or loop.time() >= deadline:  # not a lost connection: as is
                 raise connect_error(exc, url, timeout) from None
@@ -485,6 +501,11 @@ async def _send(
 
 class Executor:
     """The pool and the retry loop every statement of the store goes through."""
+
+    # what the pool's URL reaches (runledger.db.pooler), and why it looks so ('' when the
+    # pooler setting said): set by Store.connect
+    reach: Reach = "direct"
+    reach_why: str = ""
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Sequence
-from typing import Any, LiteralString
+from typing import Any, LiteralString, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -34,6 +34,7 @@ from runledger.db import decode, wire
 from runledger.db.execution import connect_error, connect_timeout_param, map_error, probe, word
 from runledger.db.fastpath import FastPath, claimed_run
 from runledger.db.landed import FINISHED_STATUS
+from runledger.db.pooler import Reach
 from runledger.db.results import (
     CALL_STATUS_AFTER,
     Checkpointed,
@@ -81,6 +82,7 @@ class Store(FastPath):
         application_name: str = "runledger",
         connect_timeout: float | None = None,
         check_schema: bool = True,
+        pooler: str = default("pooler"),
         **kwargs: Any,
     ) -> Store:
         """Probe the database once, then open the pool; fail within ``connect_timeout``.
@@ -91,22 +93,37 @@ class Store(FastPath):
         (or an older one) :class:`~runledger.errors.SchemaMissing`, a string that is not a
         URL :class:`~runledger.errors.ConfigurationError`: one line each, naming host, port
         and database (see :func:`runledger.db.execution.probe`).
+
+        ``pooler`` (the ``pooler`` setting): what the URL reaches, ``session`` or
+        ``transaction`` as said, or found out by the probe (``auto``;
+        :mod:`runledger.db.pooler`). Through a transaction pooler nothing is prepared, by
+        psycopg or by :mod:`runledger.db.wire`: ``reach`` says which it was.
         """
         timeout = connect_timeout
         if timeout is None:
             timeout = url_connect_timeout(url) or float(default("connect_timeout"))
         name = application_name[:63]
-        await probe(url, timeout=timeout, application_name=name, check_schema=check_schema)
+        found = await probe(
+            url,
+            timeout=timeout,
+            application_name=name,
+            check_schema=check_schema,
+            detect_pooler=pooler == "auto",
+        )
+        reach, why = found or (pooler, "")  # as the pooler setting says
+        options: dict[str, Any] = {
+            "autocommit": True,
+            "row_factory": dict_row,
+            "application_name": name,
+            "connect_timeout": connect_timeout_param(timeout),
+        }
+        if reach == "transaction":  # a statement prepared on one server session is not
+            options["prepare_threshold"] = None  # there at the next transaction
         pool = AsyncConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
-            kwargs={
-                "autocommit": True,
-                "row_factory": dict_row,
-                "application_name": name,
-                "connect_timeout": connect_timeout_param(timeout),
-            },
+            kwargs=options,
             open=False,
             name="runledger",
             configure=decode.configure,  # one undecodable value never fails a whole batch
@@ -119,7 +136,9 @@ class Store(FastPath):
         except BaseException:
             await pool.close()
             raise
-        return cls(pool, **kwargs)
+        store = cls(pool, **kwargs)
+        store.reach, store.reach_why = cast(Reach, reach), why
+        return store
 
     # -- worker side ---------------------------------------------------------------
 

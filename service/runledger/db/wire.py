@@ -17,6 +17,13 @@ included), all in text format. An error comes back as the exception psycopg rais
 for it (``psycopg.errors.error_from_result``), with its SQLSTATE and diagnostics: the
 store maps it to a runledger exception as before. The connection's lock is held for
 the whole exchange, as psycopg's ``execute`` holds it.
+
+A connection whose ``prepare_threshold`` is None (psycopg's own "never prepare", which
+:meth:`~runledger.db.store.Store.connect` sets behind a transaction pooler: a statement
+prepared on one server session is not there at the next transaction, and another
+client's may be) sends each statement unnamed instead (``PGconn.send_query_params``:
+parsed and planned at each call, in one round trip as well). PgBouncer before 1.21 has no
+prepared statements in transaction mode at all.
 """
 
 from __future__ import annotations
@@ -42,11 +49,12 @@ class Prepared:
     """One statement of the hot path: ``sql`` with ``$1..$n`` placeholders, each with a
     cast, sent as a prepared statement named ``name``."""
 
-    __slots__ = ("formats", "name", "nparams", "sql")
+    __slots__ = ("formats", "name", "nparams", "sql", "sql_bytes")
 
     def __init__(self, name: str, sql: str, nparams: int) -> None:
         self.name = f"rl_{name}".encode()
         self.sql = sql
+        self.sql_bytes = sql.encode()
         self.nparams = nparams
         self.formats = [PyFormat.TEXT] * nparams
 
@@ -58,11 +66,13 @@ class _Session:
     """What this module keeps of one connection: its statements prepared so far, and the
     transformer that adapts values for it."""
 
-    __slots__ = ("prepared", "tx")
+    __slots__ = ("prepared", "tx", "unnamed")
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.prepared: set[bytes] = set()
         self.tx = Transformer(conn)
+        # psycopg's "never prepare" (a transaction pooler's connection): nor do we
+        self.unnamed = conn.prepare_threshold is None
 
 
 _SESSIONS: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Session] = (
@@ -80,20 +90,27 @@ async def execute(
     if session is None:
         session = _SESSIONS[conn] = _Session(conn)
     async with conn.lock:
-        if stmt.name not in session.prepared:
-            await _prepare(conn, stmt)
-            session.prepared.add(stmt.name)
-        values = session.tx.dump_sequence(params, stmt.formats)
-        try:
-            result = await _run(conn, stmt.name, values)
-        except e.Error as exc:
-            if exc.sqlstate != _STALE_NAME:
-                raise
-            # the session's prepared statements are gone (DISCARD ALL): prepare it again
-            session.prepared.clear()
-            await _prepare(conn, stmt)
-            session.prepared.add(stmt.name)
-            result = await _run(conn, stmt.name, values)
+        if session.unnamed:  # behind a transaction pooler: never prepared
+            values = session.tx.dump_sequence(params, stmt.formats)
+            conn.pgconn.send_query_params(stmt.sql_bytes, values)
+            result = await _wait(conn.pgconn)
+            if result.status != _TUPLES_OK:
+                raise _error(conn, result)
+        else:
+            if stmt.name not in session.prepared:
+                await _prepare(conn, stmt)
+                session.prepared.add(stmt.name)
+            values = session.tx.dump_sequence(params, stmt.formats)
+            try:
+                result = await _run(conn, stmt.name, values)
+            except e.Error as exc:
+                if exc.sqlstate != _STALE_NAME:
+                    raise
+                # the session's prepared statements are gone (DISCARD ALL): prepare it again
+                session.prepared.clear()
+                await _prepare(conn, stmt)
+                session.prepared.add(stmt.name)
+                result = await _run(conn, stmt.name, values)
         tx = session.tx
         tx.set_pgresult(result)
         names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
