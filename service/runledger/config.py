@@ -122,6 +122,13 @@ class Settings(ConnectionSettings):
         description="Default tool timeout in seconds (a timeout is ambiguous).",
     )
     policy_timeout: float = Field(default=300.0, ge=0.01, description="Policy timeout in seconds.")
+    direct_url: str | None = Field(
+        default=None,
+        description="A URL that reaches PostgreSQL itself, past the pooler of the database "
+        "URL: the worker's listener connects there (LISTEN, its session lock, its "
+        "registration), so a dead worker's runs are taken over at once. Without it, behind "
+        "a pooler: on lease expiry only.",
+    )
     session_locks: bool = Field(
         default=True,
         description="Hold a session lock on the listener connection, so that the runs of "

@@ -143,6 +143,7 @@ NON_DEFAULT = {
     "database_url": "postgresql://u@h/db",
     "connect_timeout": "2.5",
     "pooler": "transaction",
+    "direct_url": "postgresql://u@h:5432/db",
     "worker_id": "w-env",
     "concurrency": "9",
     "lease_seconds": "12.5",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,13 @@ class Registration:
     pid: int
     session_pid: int | None
     session_open: bool
+    # revision 0032: the process as its host names it (workers.process), the registering
+    # process's own id, and, for a worker registered without a session of its own, how
+    # many seconds until it has been silent long enough for its id to be free (None: it
+    # has a session, or no silence was given)
+    process: str | None = None
+    incarnation: uuid.UUID | None = None
+    free_in: float | None = None
 
 
 class Reads(Executor):
@@ -112,7 +120,10 @@ class Reads(Executor):
             " EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a"
             "         WHERE a.pid = w.session_pid AND a.backend_start = w.session_started_at"
             "           AND a.application_name = left('runledger-listener:' || w.worker_id, 63))"
-            " AS session_open"
+            " AS session_open, w.process, w.incarnation,"
+            " CASE WHEN w.session_pid IS NULL AND w.stopped_at IS NULL THEN"
+            "   extract(epoch FROM w.heartbeat_at + w.silent_after - runledger.now())::float8"
+            " END AS free_in"
             " FROM runledger.workers w WHERE w.worker_id = %s",
             (worker_id,),
         )

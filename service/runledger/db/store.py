@@ -475,19 +475,41 @@ class Store(FastPath):
         *,
         session_lock: bool,
         process: str | None = None,
+        incarnation: uuid.UUID | None = None,
+        session: bool = True,
+        silent_after: float | None = None,
+        gone_process: str | None = None,
     ) -> tuple[int | None, int]:
         """``register_worker_v2`` on ``conn`` (as :meth:`register_worker_on`); with
         ``session_lock`` the session takes a session-level advisory lock under a fresh key.
-        Returns the key (None without one) and the session's backend pid."""
+        Returns the key (None without one) and the session's backend pid.
+
+        ``session`` false (revision 0032): ``conn`` goes through a pooler, so the id is not
+        tied to its session but held while the worker heartbeats: it is free once the
+        worker has been silent for ``silent_after`` seconds. ``incarnation``: this
+        process's own id (the same process may take its id back); ``gone_process``: the
+        registered process, found gone on this host."""
         check_text("worker id", worker_id)
         check_text("hostname", hostname)
         for f in flows:
             check_text("flow", f)
+        silent = None if silent_after is None else dt.timedelta(seconds=silent_after)
         try:
             cur = await conn.execute(
                 "SELECT session_lock, session_pid FROM runledger.register_worker_v2"
-                "(%s, %s, %s, %s::text[], %s, %s)",
-                (worker_id, hostname, pid, list(flows), session_lock, process),
+                "(%s, %s, %s, %s::text[], %s, %s, %s::uuid, %s, %s::interval, %s)",
+                (
+                    worker_id,
+                    hostname,
+                    pid,
+                    list(flows),
+                    session_lock,
+                    process,
+                    incarnation,
+                    session,
+                    silent,
+                    gone_process,
+                ),
             )
             row = await cur.fetchone()
         except psycopg.Error as exc:
@@ -511,8 +533,17 @@ class Store(FastPath):
         assert row is not None
         return int(row[0]), bool(row[1])
 
-    async def heartbeat_worker(self, worker_id: str, *, stopped: bool = False) -> None:
-        await self._read("SELECT runledger.heartbeat_worker(%s, %s)", (worker_id, stopped))
+    async def heartbeat_worker(
+        self, worker_id: str, *, stopped: bool = False, incarnation: uuid.UUID | None = None
+    ) -> None:
+        """``heartbeat_worker``; with ``incarnation`` (revision 0032), refused with
+        :class:`~runledger.errors.WorkerConflict` once another process holds the id."""
+        if incarnation is None:
+            await self._read("SELECT runledger.heartbeat_worker(%s, %s)", (worker_id, stopped))
+            return
+        await self._read(
+            "SELECT runledger.heartbeat_worker(%s, %s, %s::uuid)", (worker_id, stopped, incarnation)
+        )
 
     async def checkpoint_events(self, actor: str, min_age: dt.timedelta) -> dict[str, Any]:
         """``checkpoint_events`` (revision 0016): a checkpoint of the event chains unless

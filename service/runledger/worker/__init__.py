@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 from runledger import errors
-from runledger.config import Settings
+from runledger.config import Settings, normalize_url, with_connect_timeout
 from runledger.flows import Flow
 from runledger.worker.executor import Limits
 from runledger.worker.process import Worker, WorkerFailed, conflict_message, is_worker_conflict
@@ -62,7 +62,23 @@ def worker_from_settings(settings: Settings, flows: Sequence[Flow]) -> Worker:
         session_locks=settings.session_locks,
         http_port=settings.http_port,
         http_host=settings.http_host,
+        pooler=settings.pooler,
+        direct_url=_direct_url(settings),
     )
+
+
+def _direct_url(settings: Settings) -> str | None:
+    """The direct URL (past the pooler), with the connect timeout every connection of the
+    worker gets; None when none is set."""
+    if not settings.direct_url:
+        return None
+    url = normalize_url(settings.direct_url)
+    try:
+        return with_connect_timeout(url, settings.connect_timeout)
+    except Exception as exc:  # not a URL: one line, as for the database URL
+        from runledger.db.execution import connect_error
+
+        raise connect_error(exc, url, None) from None
 
 
 class FlowsImportError(ImportError):

@@ -132,8 +132,9 @@ class HealthServer:
             return "draining"
         if w.store is None:
             return "not registered yet"
-        if w.claims_paused:
-            return "the listener session is down: claiming paused until it is back"
+        paused = w.claims_paused_because()
+        if paused is not None:
+            return paused
         try:
             async with asyncio.timeout(READY_TIMEOUT):
                 async with w.store.pool.connection() as conn:

@@ -25,14 +25,22 @@ Where the session cannot be trusted to be the worker's own (a pooler or proxy be
 the worker and the server: the backend pid changes between statements, or the server
 sees another client port than the worker's socket has), the worker registers without
 a lock and its runs are taken over on lease expiry only (:func:`untrusted_because`).
+Nor is its registration tied to that session (``register_worker_v2``'s ``p_session``
+false, revision 0032): a pooler's server session outlives the worker (session mode) or
+serves another client at the next transaction (transaction mode). The id is then the
+worker's until it stops or has been silent for its lease. Through a pooler in
+transaction mode the listener does not LISTEN either (a notification would go to
+whichever client the server session serves), and prepares nothing: the worker polls.
+A direct URL (``RUNLEDGER_DIRECT_URL``) past the pooler gives the listener a session of
+its own again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import os
-import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +48,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
+from runledger.db.pooler import Reach, backend, local_port
 from runledger.db.store import Store
 from runledger.worker.liveness import process_identity
 
@@ -88,44 +97,40 @@ class ListenerSession:
     backend_pid: int
     lock_key: int | None  # the session lock's key; None: no lock (lease expiry only)
     untrusted: str | None  # why there is no lock, when there is none
+    # the session is the worker's own: the registration is tied to it (and another
+    # backend answering a heartbeat means it moved); else the id is held by heartbeats
+    own: bool = True
+    listening: bool = True  # LISTEN works on it (not through a transaction pooler)
     # when (monotonic) its last statement was sent, answered: the server heard from us
     # then, as after a heartbeat
     vouched_at: float
-
-
-def _local_port(conn: psycopg.AsyncConnection[Any]) -> int | None:
-    """The client port of the connection's socket; None for a Unix socket."""
-    dup = socket.socket(fileno=os.dup(conn.pgconn.socket))
-    try:
-        if dup.family not in (socket.AF_INET, socket.AF_INET6):
-            return None
-        return int(dup.getsockname()[1])
-    finally:
-        dup.close()
-
-
-async def _backend(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int | None]:
-    cur = await conn.execute("SELECT pg_backend_pid(), inet_client_port()")
-    row = await cur.fetchone()
-    assert row is not None
-    return int(row[0]), (None if row[1] is None else int(row[1]))
+    # when (monotonic) the registration was sent: without a session of its own, the id is
+    # the worker's until it has been silent for its lease, counted from then at the latest
+    registered_at: float = 0.0
 
 
 async def untrusted_because(conn: psycopg.AsyncConnection[Any]) -> str | None:
     """Why a session lock on ``conn`` could not be trusted to live exactly as long as
     this process's connection, or None when it can: the same backend answers two
     statements, and it sees the client port this socket has (no pooler, no proxy)."""
-    first, port = await _backend(conn)
-    second, _ = await _backend(conn)
+    first, port = await backend(conn)
+    second, _ = await backend(conn)
     if first != second:
         return f"the backend changed between two statements ({first}, then {second}): a pooler"
-    local = _local_port(conn)
+    local = local_port(conn)
     if local != port:
         return (
             f"the server sees client port {port}, this connection's socket has {local}: "
             "a pooler or proxy between the worker and the server"
         )
     return None
+
+
+THROUGH_POOLER = {
+    "transaction": "the database URL reaches a pooler in transaction mode: no session of its own",
+    "session": "the database URL reaches a pooler or proxy in session mode: its server "
+    "session outlives the worker",
+}
 
 
 async def _set_server_timeouts(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -150,25 +155,42 @@ async def open_session(
     pid: int,
     flows: Sequence[str],
     session_locks: bool,
+    through: Reach = "direct",
+    incarnation: uuid.UUID | None = None,
+    silent_after: float | None = None,
+    gone_process: str | None = None,
     opened: Callable[[int], None] | None = None,
 ) -> ListenerSession:
     """A new listener connection: its timeouts set, registered on (with a session lock
-    where the session is trusted), and listening. ``opened`` is told the backend pid of
-    the connection as soon as it is open, before anything is registered on it."""
+    where the session is trusted), and listening. ``through``: what ``url`` reaches
+    (:mod:`runledger.db.pooler`); through a pooler the registration is not tied to the
+    session but held by heartbeats (``silent_after``, the worker's lease), and through
+    one in transaction mode nothing is prepared and nothing LISTENed. ``opened`` is told
+    the backend pid of the connection as soon as it is open, before anything is
+    registered on it. ``gone_process``: the registered process of this worker id, which
+    the caller found gone on this host (``register_worker_v2``'s ``p_gone_process``)."""
+    pooled = through == "transaction"
     conn = await psycopg.AsyncConnection.connect(
         make_conninfo(url, **CLIENT_TCP),
         autocommit=True,
         application_name=f"runledger-listener:{worker_id}"[:63],
+        # through a transaction pooler a prepared statement is another client's next time
+        **({"prepare_threshold": None} if pooled else {}),
     )
     if opened is not None:
         opened(conn.info.backend_pid)
     try:
-        untrusted: str | None = "session locks are off (--no-session-locks)"
-        if session_locks:
-            await _set_server_timeouts(conn)
+        untrusted: str | None = THROUGH_POOLER.get(through)
+        if untrusted is None:
+            if session_locks:
+                await _set_server_timeouts(conn)
             untrusted = await untrusted_because(conn)
+        own = untrusted is None
+        if own and not session_locks:
+            untrusted = "session locks are off (--no-session-locks)"
         process = process_identity(pid)  # for a peer on this host to tell it gone
-        key, backend = await store.register_worker_v2_on(
+        registered_at = time.monotonic()
+        key, answered = await store.register_worker_v2_on(
             conn,
             worker_id,
             hostname,
@@ -176,36 +198,63 @@ async def open_session(
             flows,
             session_lock=untrusted is None,
             process=process,
+            incarnation=incarnation,
+            session=own,
+            silent_after=silent_after,
+            gone_process=gone_process,
         )
         if key is not None:
-            again, _ = await _backend(conn)
-            if again != backend:  # the lock went to another backend: register without
-                untrusted = f"the backend changed after registering ({backend}, then {again})"
-                key, backend = await store.register_worker_v2_on(
-                    conn, worker_id, hostname, pid, flows, session_lock=False, process=process
+            again, _ = await backend(conn)
+            if again != answered:  # the lock went to another backend: a pooler after all
+                untrusted = f"the backend changed after registering ({answered}, then {again})"
+                own = False
+                registered_at = time.monotonic()
+                key, answered = await store.register_worker_v2_on(
+                    conn,
+                    worker_id,
+                    hostname,
+                    pid,
+                    flows,
+                    session_lock=False,
+                    process=process,
+                    incarnation=incarnation,
+                    session=False,
+                    silent_after=silent_after,
                 )
         vouched_at = time.monotonic()
-        await conn.execute(f"LISTEN {CHANNEL}")
+        if not pooled:
+            await conn.execute(f"LISTEN {CHANNEL}")
     except BaseException:
         await conn.close()
         raise
     return ListenerSession(
-        conn=conn, backend_pid=backend, lock_key=key, untrusted=untrusted, vouched_at=vouched_at
+        conn=conn,
+        backend_pid=answered,
+        lock_key=key,
+        untrusted=untrusted,
+        own=own,
+        listening=not pooled,
+        vouched_at=vouched_at,
+        registered_at=registered_at,
     )
 
 
 async def heartbeat(session: ListenerSession, store: Store, worker_id: str) -> bool:
     """One heartbeat: whether a run of this worker's flows waits, held by a session that
-    ended; :class:`ListenerMoved` if another backend answered."""
-    backend, due = await store.heartbeat_listener_on(session.conn, worker_id)
-    if backend != session.backend_pid:
+    ended; :class:`ListenerMoved` if another backend answered a session of its own."""
+    answered, due = await store.heartbeat_listener_on(session.conn, worker_id)
+    if session.own and answered != session.backend_pid:
         raise ListenerMoved(
-            f"heartbeat answered by backend {backend}, registered on {session.backend_pid}"
+            f"heartbeat answered by backend {answered}, registered on {session.backend_pid}"
         )
     return due
 
 
 async def notifications(session: ListenerSession, timeout: float) -> AsyncIterator[str]:
-    """The payloads of the notifications that arrive within ``timeout`` s."""
+    """The payloads of the notifications that arrive within ``timeout`` s (none, after
+    that long, where the session does not LISTEN)."""
+    if not session.listening:
+        await asyncio.sleep(timeout)
+        return
     async for note in session.conn.notifies(timeout=timeout):
         yield note.payload

@@ -119,6 +119,8 @@ class Worker(Listening, Claiming):
         session_locks: bool = default("session_locks"),
         http_port: int | None = None,
         http_host: str = default("http_host"),
+        pooler: str = default("pooler"),
+        direct_url: str | None = None,
     ) -> None:
         if not flows:
             raise ValueError("a worker needs at least one flow")
@@ -128,6 +130,10 @@ class Worker(Listening, Claiming):
         for f in flows:
             f.validate()
         self.database_url = database_url
+        # what database_url reaches (auto: found out when connecting), and a URL past the
+        # pooler, for the listener (docs/operating.md, "PgBouncer")
+        self.pooler = pooler
+        self.direct_url = direct_url
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
         self.lease = dt.timedelta(seconds=lease_seconds)
@@ -188,6 +194,7 @@ class Worker(Listening, Claiming):
             # health); the coalescers' senders (2) and the writes a failed batch sends alone
             max_size=self.concurrency + 8,
             application_name=f"runledger-worker:{self.worker_id}",
+            pooler=self.pooler,
         )
         # the completions and decisions of concurrent runs share commits
         store.coalesce_writes()
@@ -211,6 +218,8 @@ class Worker(Listening, Claiming):
                 "concurrency": self.concurrency,
                 # uvloop or asyncio (--event-loop)
                 "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+                # what the database URL reaches: direct, session or transaction (pooler)
+                "database": store.reach,
             },
         )
         executor = self.executor = Executor(
@@ -233,7 +242,9 @@ class Worker(Listening, Claiming):
             taken = failure is not None and isinstance(failure.error, WorkerIdTaken)
             if not taken:  # the row is the other worker's now: leave it alone
                 with contextlib.suppress(Exception):
-                    await store.heartbeat_worker(self.worker_id, stopped=True)
+                    await store.heartbeat_worker(
+                        self.worker_id, stopped=True, incarnation=self.incarnation
+                    )
             # closing the listener frees its session lock, and a run left with a tool
             # still running would be taken over at once: let those end first (the grace)
             with contextlib.suppress(Exception):
@@ -398,8 +409,13 @@ class Worker(Listening, Claiming):
                             # not one that just finished (its task is still unwinding), nor
                             # one whose final write is on its way
                             self._fence(a, "lease not renewed")
+                beat = time.monotonic()
                 async with asyncio.timeout(interval):
-                    await self.store.heartbeat_worker(self.worker_id)
+                    # refused once another process took the id (it was silent too long)
+                    await self.store.heartbeat_worker(self.worker_id, incarnation=self.incarnation)
+                self._vouched(beat)
+            except errors.WorkerConflict as exc:
+                raise WorkerIdTaken(conflict_message(self.worker_id, exc)) from exc
             except EXPECTED:  # the watchdog fences meanwhile; anything else is a bug
                 log.exception("lease renewal failed", extra={"worker_id": self.worker_id})
 
