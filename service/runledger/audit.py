@@ -14,6 +14,9 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.rows import dict_row
 
+from runledger.config import connection_settings
+from runledger.db.pooler import read_only_session
+
 
 @dataclass(frozen=True, slots=True)
 class Check:
@@ -224,7 +227,9 @@ def audit(database_url: str, *, limit: int = 50, expect: tuple[Anchor, ...] = ()
     newest checkpoint (the anchor to keep for the next audit)."""
     findings = []
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
-        conn.execute("SET default_transaction_read_only = on")
+        # read-only, except on a transaction pooler's session (it would stay read-only for
+        # the pooler's next client there: a worker)
+        read_only_session(conn, database_url, connection_settings().pooler)
         for check in CHECKS:
             rows = conn.execute(check.sql).fetchmany(limit)
             findings.append(Finding(check, rows))

@@ -28,7 +28,9 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
+from runledger.config import connection_settings
 from runledger.db import migrate
+from runledger.db.pooler import read_only_session
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 MIN_SERVER = 130000  # gen_random_uuid() without an extension
@@ -305,7 +307,9 @@ def run_doctor(database_url: str, *, connect_timeout: float) -> list[Result]:
         ]
     results = [Result("connection", OK, "connected", {})]
     with conn:
-        conn.execute("SET default_transaction_read_only = on")
+        # read-only, except on a transaction pooler's session (it would stay read-only for
+        # the pooler's next client there: a worker)
+        read_only_session(conn, database_url, connection_settings().pooler)
         results.append(server(conn))
         results.append(schema(conn))
         results.append(replication(conn))

@@ -8,7 +8,8 @@ next transaction) and a registration cannot lean on a session; in session mode t
 killed worker's server session stays open in PgBouncer's pool, and its restart under
 the same id must be accepted all the same. Each way: no effect twice, every run
 finishes or pauses on its ``unknown`` call, no worker exits by itself, and the
-``Client`` is never refused.
+``Client`` is never refused. And the read commands, ``audit`` and ``doctor`` leave no
+read-only session on the pooler for its next client.
 
 Without a ``pgbouncer`` binary these tests are skipped, saying how to install it; under
 ``CI=true`` they fail (``.ci/run`` installs Debian's package).
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -194,3 +197,35 @@ def test_workers_through_pgbouncer_survive_sigkills(
         if not direct:  # no session of its own: a killed worker's runs wait for expiry
             assert holders["session_ended"] == 0, holders
 
+
+@pytest.mark.timeout(120)
+def test_read_commands_through_a_transaction_pooler_leave_no_read_only_session_behind(
+    database_url: str, runledger_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``audit``, ``doctor`` and the read commands make their session read-only. Through
+    PgBouncer in transaction mode that setting stayed on the server session after them,
+    and every write of the next client there was refused (a worker's, a submit). Two
+    server sessions, so the next client certainly gets one they used; the pooler is found
+    out, not said (``RUNLEDGER_POOLER`` unset)."""
+    monkeypatch.delenv("RUNLEDGER_POOLER", raising=False)
+    with pgbouncer(runledger_server.admin_url, "transaction", pool_size=2) as bouncer:
+        pooled = bouncer.url(database_url)
+        env = {**os.environ, "RUNLEDGER_DATABASE_URL": pooled}
+        for command in (["audit"], ["doctor"], ["list"], ["workers"], ["unknown"]):
+            done = subprocess.run(
+                [sys.executable, "-m", "runledger", *command],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert "Traceback" not in done.stderr, done.stderr
+            assert done.returncode in (0, 1), (command, done.stderr)
+        with Client(pooled) as client:
+            for n in range(10):  # each on one of the two server sessions the reads used
+                client.submit("scripted", {"plan": []}, run_id=f"after-reads-{n}", version="1")
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM runledger.runs WHERE run_id LIKE 'after-reads-%'"
+            ).fetchone()
+        assert row == (10,)

@@ -30,7 +30,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
 
 from runledger import errors
+from runledger.config import connection_settings
 from runledger.db.decode import Undecodable, safe_loads
+from runledger.db.pooler import read_only_session
 from runledger.db.validate import check_text
 from runledger.model import RUN_ID_RE
 
@@ -72,7 +74,9 @@ def read_connection(url: str, connect_timeout: float | None) -> Iterator[psycopg
         # a read of several statements in conn.transaction() sees one snapshot
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         set_json_loads(safe_loads, conn)
-        conn.execute("SET default_transaction_read_only = on")
+        # read-only, except on a transaction pooler's session (it would stay read-only for
+        # the pooler's next client there: a worker)
+        read_only_session(conn, url, connection_settings().pooler)
         yield conn
     except psycopg.Error as exc:
         raise driver_error(exc, "the read", READ_GRANTS) from None

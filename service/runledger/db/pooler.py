@@ -32,7 +32,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg.rows import tuple_row
 
-__all__ = ["Reach", "backend", "local_port", "reach"]
+__all__ = ["Reach", "backend", "local_port", "reach", "reach_blocking", "read_only_session"]
 
 Reach = Literal["direct", "session", "transaction"]
 
@@ -40,7 +40,7 @@ ROUNDS = 3
 BACKEND = "SELECT pg_backend_pid(), inet_client_port()"
 
 
-def local_port(conn: psycopg.AsyncConnection[Any]) -> int | None:
+def local_port(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> int | None:
     """The client port of the connection's socket; None for a Unix socket."""
     dup = socket.socket(fileno=os.dup(conn.pgconn.socket))
     try:
@@ -86,7 +86,58 @@ async def reach(
     return _kept(port, local)
 
 
+def reach_blocking(
+    conn: psycopg.Connection[Any], url: str, *, connect_timeout: int, application_name: str
+) -> tuple[Reach, str]:
+    """:func:`reach` for a synchronous connection."""
+    first, port = _backend_blocking(conn)
+    local = local_port(conn)
+    if local is not None and local == port:
+        return DIRECT
+    with psycopg.connect(
+        url,
+        autocommit=True,
+        prepare_threshold=None,
+        connect_timeout=connect_timeout,
+        application_name=application_name,
+    ) as other:
+        for _ in range(ROUNDS):
+            theirs, _ = _backend_blocking(other)
+            mine, _ = (first, None) if theirs == first else _backend_blocking(conn)
+            if theirs == first or mine != first:
+                return _moved(first, theirs, mine)
+    return _kept(port, local)
+
+
+def read_only_session(conn: psycopg.Connection[Any], url: str, pooler: str) -> None:
+    """Make the session of ``conn`` (from ``url``; ``pooler``: the setting) read-only
+    (``default_transaction_read_only``), where that session is this client's alone.
+
+    Through a pooler in transaction mode the setting would stay on the pooler's server
+    session after this client is gone, and the next client there (a worker) would have
+    every write refused (25006): there the session is left as it is, and only what
+    psycopg starts itself is read-only (``BEGIN READ ONLY``); what reads this way sends
+    nothing but reads anyway. (A pooler in session mode resets a session, ``DISCARD
+    ALL``, before the next client has it.)"""
+    conn.read_only = True
+    through = pooler
+    if pooler == "auto":
+        timeout = int(conn.info.get_parameters().get("connect_timeout") or 5)
+        through, _ = reach_blocking(
+            conn, url, connect_timeout=max(2, timeout), application_name="runledger-probe"
+        )
+    if through != "transaction":
+        conn.execute("SET default_transaction_read_only = on")
+
+
 DIRECT: tuple[Reach, str] = ("direct", "the server sees this connection's own client port")
+
+
+def _backend_blocking(conn: psycopg.Connection[Any]) -> tuple[int, int | None]:
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(BACKEND, prepare=False).fetchone()
+    assert row is not None
+    return int(row[0]), (None if row[1] is None else int(row[1]))
 
 
 def _moved(first: int, theirs: int, mine: int) -> tuple[Reach, str]:
