@@ -153,7 +153,7 @@ def pgbouncer(server_url: str, mode: str, *, pool_size: int = 100) -> Iterator[B
         yield bouncer
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # SIGINT: a fast shutdown
+            proc.send_signal(signal.SIGTERM)  # immediate shutdown (SIGINT waits for clients)
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
