@@ -275,7 +275,7 @@ def settings(
         if not (name.startswith("RUNLEDGER_") or name == "DATABASE_URL"):
             continue
         value = env[name]
-        if name.endswith("DATABASE_URL"):
+        if name.endswith("_URL"):  # RUNLEDGER_DATABASE_URL, RUNLEDGER_DIRECT_URL, ...
             value = redact_url(value)
         elif any(word in name for word in _SECRET_WORDS):
             value = REDACTED

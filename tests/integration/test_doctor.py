@@ -162,6 +162,7 @@ def test_settings_are_shown_with_secrets_redacted(
     params["password"] = "hunter2-secret"
     with_password = make_conninfo("", **params)
     monkeypatch.setenv("RUNLEDGER_DATABASE_URL", "postgresql://u:hunter2-secret@h/db")
+    monkeypatch.setenv("RUNLEDGER_DIRECT_URL", "postgresql://u:hunter2-secret@db:5432/db")
     monkeypatch.setenv("RUNLEDGER_API_TOKEN", "hunter2-secret")
     monkeypatch.setenv("RUNLEDGER_LEASE_SECONDS", "12")
     result = CliRunner().invoke(
@@ -176,5 +177,6 @@ def test_settings_are_shown_with_secrets_redacted(
     assert env["RUNLEDGER_LEASE_SECONDS"] == "12"
     assert env["RUNLEDGER_API_TOKEN"] == "***"
     assert conninfo_to_dict(env["RUNLEDGER_DATABASE_URL"])["password"] == "***"
+    assert conninfo_to_dict(env["RUNLEDGER_DIRECT_URL"])["password"] == "***"
     assert doctor.redact_url("not a url at all =") == "***"
     assert doctor.redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
