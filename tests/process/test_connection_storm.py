@@ -18,7 +18,7 @@ from typing import Any, LiteralString
 import pytest
 
 from runledger.testing import wait_for
-from tests.process.conftest import submit
+from tests.process.conftest import listening_backend, submit
 
 pytestmark = [pytest.mark.process, pytest.mark.chaos, pytest.mark.slow]
 
@@ -126,6 +126,17 @@ def _storm(
     return {"seed": seed, "effects": effects, "calls": calls, "statuses": statuses}
 
 
+def _listening(workers: Any, admin_conn: Any, count: int) -> None:
+    """Until every worker has started on its listener: the storm is about workers that
+    run, and it begins once they do."""
+    for i in range(count):
+        wait_for(
+            lambda i=i: listening_backend(admin_conn, workers.worker_id(i)),
+            timeout=60,
+            what=f"worker {i} listening",
+        )
+
+
 def _assert_once(seen: dict[str, Any], workers: Any, count: int) -> None:
     seed, effects = seen["seed"], seen["effects"]
     twice = {k: n for k, n in effects.items() if n > 1}
@@ -147,6 +158,7 @@ def test_a_backend_kill_storm_sends_no_effect_twice(
 ) -> None:
     """Listener and pool sessions of three live workers are ended at random mid-call."""
     workers.start(3, args=["--concurrency", "8", "--max-stalled-claims", "1000"])
+    _listening(workers, admin_conn, 3)
     seen = _storm(
         workers,
         provider,
@@ -168,6 +180,7 @@ def test_a_worker_that_registers_again_does_not_resend_its_own_calls(
     is a new holder of the runs the previous one held, in the same process, whose earlier
     calls may still be on their way."""
     workers.start(1, args=["--concurrency", "8", "--max-stalled-claims", "1000"])
+    _listening(workers, admin_conn, 1)
     seen = _storm(
         workers,
         provider,

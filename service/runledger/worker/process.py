@@ -66,6 +66,9 @@ from runledger.worker.metrics import Metrics, PrometheusMetrics
 
 log = logging.getLogger(__name__)
 
+# how long a start retries a listener connection the server ended while it registered
+REGISTER_RETRY_SECONDS = 10.0
+
 CHANNEL = listener.CHANNEL
 CHECKPOINT_EVERY = 10.0  # s between two checkpoints of the event chains (any worker's)
 
@@ -198,17 +201,26 @@ class Worker(Listening, Claiming):
         )
         # the completions and decisions of concurrent runs share commits
         store.coalesce_writes()
-        try:
-            listen = await self._register(store)
-        except psycopg.OperationalError as exc:
-            await store.close()
-            said = (str(exc).strip().splitlines() or ["connection failed"])[0]
-            raise errors.DatabaseUnavailable(
-                f"could not open the worker's listener connection: {said}"
-            ) from exc
-        except BaseException:
-            await store.close()
-            raise
+        # a listener connection the server ends while it registers (an operator's
+        # pg_terminate_backend, a restart: SQLSTATE class 57P) is opened again for a while
+        # rather than fail the start
+        until = loop.time() + REGISTER_RETRY_SECONDS
+        while True:
+            try:
+                listen = await self._register(store)
+                break
+            except psycopg.OperationalError as exc:
+                if (exc.sqlstate or "").startswith("57P") and loop.time() < until:
+                    await asyncio.sleep(0.1)
+                    continue
+                await store.close()
+                said = (str(exc).strip().splitlines() or ["connection failed"])[0]
+                raise errors.DatabaseUnavailable(
+                    f"could not open the worker's listener connection: {said}"
+                ) from exc
+            except BaseException:
+                await store.close()
+                raise
         self.store = store  # set once registered: callers wait on it
         log.info(
             "worker started",
