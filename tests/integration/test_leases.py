@@ -228,3 +228,42 @@ async def test_a_call_dispatched_by_a_write_that_lands_after_the_fence_is_releas
     [call] = await db.calls("fenced-dispatch")
     assert call["status"] == "dispatched"
     assert rec.calls_of("work") == []  # never sent
+
+
+async def test_a_dispatch_that_lands_after_the_fence_is_released_as_not_sent(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """The same for a call sent again on its own (``dispatch_call``): the provider
+    refused the first attempt (NotApplied, retry), the second one's dispatch is on its way
+    when the run is fenced, and lands."""
+    from runledger.flows import NotApplied
+
+    rec = Recorder()
+
+    async def work(ctx: Any) -> str:
+        rec.tool(ctx)
+        if ctx.attempt == 1:
+            raise NotApplied("busy", retry=True)
+        return "done"
+
+    flow = _flow(rec, work)
+    rw = await start_worker(flow)
+    store = rw.worker.store
+    assert store is not None
+    on_its_way, land = asyncio.Event(), asyncio.Event()
+    real = store.dispatch_call
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        on_its_way.set()
+        await land.wait()
+        return await real(*args, **kwargs)
+
+    store.dispatch_call = held  # type: ignore[method-assign]
+    await db.submit("fenced-resend", flow)
+    await asyncio.wait_for(on_its_way.wait(), timeout=10)
+    rw.worker._fence(rw.worker.active["fenced-resend"], "the test fences it")
+    land.set()
+    await eventually(lambda: db.events("fenced-resend", "send_released"), what="the release")
+    [told] = await db.events("fenced-resend", "send_released")
+    assert told["detail"]["ended"] == "not_sent" and told["detail"]["attempt"] == 2
+    assert [c[2] for c in rec.calls_of("work")] == [1]  # the second attempt never ran

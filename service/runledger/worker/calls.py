@@ -34,7 +34,7 @@ from runledger.worker.runs import (
     jsonable,
     unpack,
 )
-from runledger.worker.writes import Writes
+from runledger.worker.writes import NOT_SENT, Writes
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +78,23 @@ def _ended(known: Known, in_hand: tuple[Any, dict[str, Any] | None]) -> dict[str
     """How this holder's send ended, as ``release_call`` says it, from the window it left."""
     match known.window:
         case Window.RETURNED:
-            result, receipt = in_hand
-            return {"ended": "returned", "result": jsonable(result), "receipt": receipt}
+            return _returned(*in_hand)
         case Window.AMBIGUOUS:
             return {"ended": "raised", "error": known.error}
         case Window.NOT_APPLIED:
             return {"ended": "not_applied", "reason": known.reason}
     return None
+
+
+def _returned(result: Any, receipt: dict[str, Any] | None) -> dict[str, Any]:
+    return {"ended": "returned", "result": jsonable(result), "receipt": receipt}
+
+
+def _raised(exc: BaseException) -> dict[str, Any]:
+    """A tool that raised: certainly not applied (``NotApplied``), or ambiguous."""
+    if isinstance(exc, NotApplied):
+        return {"ended": "not_applied", "reason": exc.reason}
+    return {"ended": "raised", "error": error_of(exc)}
 
 
 def check_deadline(active: ActiveRun) -> None:
@@ -239,12 +249,14 @@ class Calls:
             # told before it does, so the next holder finds the release (with the result)
             told = None if ended[0] is None else _ended(*ended[0])
             if told is not None:
-                await self._release(active, call, told)
+                await self.writes.release_send(active, call.idempotency_key, told)
             raise
         except BaseException:  # cancelled (fenced locally): not held up by the release
             told = None if ended[0] is None else _ended(*ended[0])
             if told is not None:
-                self.writes.track(active, self._release(active, call, told), busy=False)
+                self.writes.track(
+                    active, self.writes.release_send(active, call.idempotency_key, told), busy=False
+                )
             raise
 
     def _next_to_send(self, active: ActiveRun, flow: Flow, call: Call | None) -> Call | None:
@@ -278,16 +290,9 @@ class Calls:
             check_boundary(active)
             self.crash.hit("before_dispatch", tool.name)
             # attempts only grow while we hold the lease: the count before this send
-            try:
-                attempt = await self.writes.dispatch(
-                    active, call, attempts_seen=known.attempts + known.tries
-                )
-            except asyncio.CancelledError:
-                # fenced while the dispatch was on its way: it may still land, and then
-                # the call is dispatched with nothing sent
-                landing = self.writes.release_unsent(active, call.idempotency_key, tries=30)
-                self.writes.track(active, landing, busy=False)
-                raise
+            attempt = await self.writes.dispatch(
+                active, call, attempts_seen=known.attempts + known.tries, to_send=True
+            )
         else:
             attempt = dispatched
         if ended is not None:
@@ -296,9 +301,8 @@ class Calls:
             self.crash.hit("after_dispatch", tool.name)
             check_deadline(active)  # no call starts after the local deadline
         except BaseException:
-            self.writes.track(
-                active, self.writes.release_unsent(active, call.idempotency_key), busy=False
-            )
+            unsent = self.writes.release_send(active, call.idempotency_key, NOT_SENT)
+            self.writes.track(active, unsent, busy=False)
             raise
         sent = evolve(
             known,
@@ -405,67 +409,30 @@ class Calls:
     async def _cancelled(self, active: ActiveRun, call: Call, work: asyncio.Future[Any]) -> None:
         """The cancelled async tool has unwound: it is sending nothing any more."""
         await asyncio.wait({work})
-        failure = None if work.cancelled() else work.exception()
         if work.cancelled():
             ended: dict[str, Any] = {"ended": "cancelled"}
-        elif isinstance(failure, NotApplied):
-            ended = {"ended": "not_applied", "reason": failure.reason}
-        elif failure is not None:
-            ended = {"ended": "raised", "error": error_of(failure)}
+        elif (failure := work.exception()) is not None:
+            ended = _raised(failure)
         else:  # it returned before the cancellation reached it
-            result, receipt = unpack(work.result())
-            ended = {"ended": "returned", "result": jsonable(result), "receipt": receipt}
-        await self._release(active, call, ended)
+            ended = _returned(*unpack(work.result()))
+        await self.writes.release_send(active, call.idempotency_key, ended)
 
     async def _late_result(self, active: ActiveRun, call: Call, work: asyncio.Future[Any]) -> None:
+        key = call.idempotency_key
         try:
             value = await work
-        except NotApplied as na:
-            await self._release(active, call, {"ended": "not_applied", "reason": na.reason})
-            return
-        except Exception as exc:  # ambiguous: the next holder recovers the call
-            await self._release(active, call, {"ended": "raised", "error": error_of(exc)})
+        except Exception as exc:  # ambiguous (or not applied): the next holder recovers it
+            await self.writes.release_send(active, key, _raised(exc))
             return
         result, receipt = unpack(value)
         try:
             await self.writes.complete(active, call, Outcome.SUCCEEDED, result, receipt)
         except errors.LeaseLost as exc:
             await self.writes.report_stale(active, exc)
-            returned = {"ended": "returned", "result": jsonable(result), "receipt": receipt}
-            await self._release(active, call, returned)
+            await self.writes.release_send(active, key, _returned(result, receipt))
         except Exception:
             log.exception("late result not recorded", extra={"run_id": active.run_id})
-            await self._release(active, call, {"ended": "returned"})
-
-    async def _release(self, active: ActiveRun, call: Call, ended: dict[str, Any]) -> None:
-        """Tell the run's next holder that this holder's send of ``call`` has ended (and,
-        when it returned, with what), so that it need not wait for this lease to expire.
-        Nothing is written when the call's outcome was journaled meanwhile."""
-        c = active.claim
-        release = self.writes.store.release_call
-        args = (c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, self.writes.worker_id)
-        try:
-            try:
-                told = await release(*args, ended)
-            except errors.InvalidInput:  # the result is over the payload cap: without it
-                told = await release(*args, {"ended": ended["ended"]})
-        except Exception as exc:  # the next holder waits for this lease to expire instead
-            log.info(
-                "the end of a send not released: %r",
-                exc,
-                extra={"run_id": c.run_id, "key": call.idempotency_key},
-            )
-            return
-        if told:
-            log.info(
-                "call released to the run's next holder",
-                extra={
-                    "run_id": c.run_id,
-                    "key": call.idempotency_key,
-                    "fencing_token": c.fencing_token,
-                    "ended": ended["ended"],
-                },
-            )
+            await self.writes.release_send(active, key, {"ended": "returned"})
 
     async def _await_sender(
         self, active: ActiveRun, call: Call, known: Known

@@ -38,6 +38,7 @@ its own again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -190,18 +191,19 @@ async def open_session(
             untrusted = "session locks are off (--no-session-locks)"
         process = process_identity(pid)  # for a peer on this host to tell it gone
         registered_at = time.monotonic()
-        key, answered = await store.register_worker_v2_on(
+        register = functools.partial(
+            store.register_worker_v2_on,
             conn,
             worker_id,
             hostname,
             pid,
             flows,
-            session_lock=untrusted is None,
             process=process,
             incarnation=incarnation,
-            session=own,
             silent_after=silent_after,
-            gone_process=gone_process,
+        )
+        key, answered = await register(
+            session_lock=untrusted is None, session=own, gone_process=gone_process
         )
         if key is not None:
             again, _ = await backend(conn)
@@ -209,18 +211,7 @@ async def open_session(
                 untrusted = f"the backend changed after registering ({answered}, then {again})"
                 own = False
                 registered_at = time.monotonic()
-                key, answered = await store.register_worker_v2_on(
-                    conn,
-                    worker_id,
-                    hostname,
-                    pid,
-                    flows,
-                    session_lock=False,
-                    process=process,
-                    incarnation=incarnation,
-                    session=False,
-                    silent_after=silent_after,
-                )
+                key, answered = await register(session_lock=False, session=False)
         vouched_at = time.monotonic()
         if not pooled:
             await conn.execute(f"LISTEN {CHANNEL}")

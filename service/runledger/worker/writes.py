@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BATCH_MAX = 100  # complete_calls takes 1 to 100 calls
+NOT_SENT: dict[str, Any] = {"ended": "not_sent"}  # a release: dispatched, the tool never started
 
 
 @dataclass(slots=True)
@@ -86,13 +87,18 @@ class Writes:
         exc = task.exception()
         if exc is None:
             for key in dispatches:
-                self.track(active, self.release_unsent(active, key), busy=False)
+                self.track(active, self.release_send(active, key, NOT_SENT), busy=False)
         if isinstance(exc, errors.LeaseLost):
             self.track(active, self.report_stale(active, exc))
 
-    async def dispatch(self, active: ActiveRun, call: Call, *, attempts_seen: int) -> int:
+    async def dispatch(
+        self, active: ActiveRun, call: Call, *, attempts_seen: int, to_send: bool = False
+    ) -> int:
         """``dispatch_call``; the attempt number. ``attempts_seen``: the call's attempts
-        before this send (they only grow while we hold the lease)."""
+        before this send (they only grow while we hold the lease). ``to_send``: the tool is
+        invoked next (not a failover's probe, whose call may have been sent on a lost
+        timeline): if the run is fenced while the dispatch is on its way and it lands, the
+        call is released as never sent (see :meth:`write`)."""
         c = active.claim
         attempt = await self.write(
             active,
@@ -104,6 +110,7 @@ class Writes:
                 call.idempotency_key,
                 attempts_seen=attempts_seen,
             ),
+            dispatches=(call.idempotency_key,) if to_send else (),
         )
         if active.journal is not None:
             active.journal.dispatched(
@@ -356,23 +363,34 @@ class Writes:
 
     # -- background work of a fenced run -----------------------------------------------
 
-    async def release_unsent(self, active: ActiveRun, key: str, *, tries: int = 1) -> None:
-        """Release a call this lease dispatched but never sent (``release_call``, ended
-        ``not_sent``): the next holder sends it at once, whatever its class. ``tries``: a
-        dispatch still on its way is not there to release yet (refused: the call is not
-        dispatched under this lease); it is tried again every 0.1 s that many times."""
+    async def release_send(self, active: ActiveRun, key: str, ended: dict[str, Any]) -> None:
+        """Tell the run's next holder that this lease's send of call ``key`` has ended
+        (``release_call``): how (``ended``: the tool returned, with its result; raised;
+        was cancelled; or was never started, :data:`NOT_SENT`), so that it need not wait
+        for this lease to expire. Nothing is written when the call's outcome was journaled
+        meanwhile; a failure is logged, and the next holder waits for the lease instead."""
         c = active.claim
         args = (c.run_id, c.lease_id, c.fencing_token, key, self.worker_id)
-        for attempt in range(tries):
+        try:
             try:
-                await self.store.release_call(*args, {"ended": "not_sent"})
-                return
-            except (errors.LeaseLost, errors.InvalidInput):
-                if attempt + 1 < tries:
-                    await asyncio.sleep(0.1)
-            except Exception as exc:
-                log.info("an unsent call not released: %r", exc, extra={"run_id": c.run_id})
-                return
+                told = await self.store.release_call(*args, ended)
+            except errors.InvalidInput:  # the result is over the payload cap: without it
+                told = await self.store.release_call(*args, {"ended": ended["ended"]})
+        except Exception as exc:
+            log.info(
+                "the end of a send not released: %r", exc, extra={"run_id": c.run_id, "key": key}
+            )
+            return
+        if told:
+            log.info(
+                "call released to the run's next holder",
+                extra={
+                    "run_id": c.run_id,
+                    "key": key,
+                    "fencing_token": c.fencing_token,
+                    "ended": ended["ended"],
+                },
+            )
 
     def track(self, active: ActiveRun, aw: Awaitable[Any], *, busy: bool = True) -> None:
         """Keep a background task of this run (a tool thread's result, a write in flight).

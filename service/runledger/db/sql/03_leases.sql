@@ -774,15 +774,16 @@ BEGIN
     attempt := c.attempts;
     dispatched_at := c.dispatched_at;
     now := v_lock.at;
-    IF c.dispatched_token < p_fencing_token THEN
-        until := runledger._sender_until(p_run_id, p_idempotency_key, c.dispatched_token,
-                                         c.attempts, v_lock.at);
-    END IF;
     SELECT e.detail INTO released FROM runledger.run_events e
     WHERE e.run_id = p_run_id AND e.kind = 'send_released'
       AND e.detail ->> 'idempotency_key' = p_idempotency_key
       AND e.detail ->> 'attempt' = c.attempts::text
     ORDER BY e.event_id LIMIT 1;
+    -- released: no sender is sending it (the release is what _sender_until looks for first)
+    IF released IS NULL AND c.dispatched_token < p_fencing_token THEN
+        until := runledger._sender_until(p_run_id, p_idempotency_key, c.dispatched_token,
+                                         c.attempts, v_lock.at);
+    END IF;
     SELECT w.process, w.started_at INTO process, registered_at
     FROM runledger.workers w WHERE w.worker_id = c.dispatched_by;
     RETURN NEXT;
