@@ -309,8 +309,8 @@ def bypass_expected(role: str, bypass: str, target: str) -> str:
         return WALL  # no setting opens the wall, for anyone
     if role == DBA:
         return WALL  # granted INSERT on the authorization table, refused by its guard
-    # The owner and superusers can write an authorization (documented in design.md,
-    # "The trigger wall"); even then a run that is not finished is not deleted.
+    # The owner and superusers can write an authorization (documented in docs/design.md,
+    # "The pruning authorization"); even then a run that is not finished is not deleted.
     return WALL if target == "the running run" else OK
 
 

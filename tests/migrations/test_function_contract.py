@@ -1,7 +1,7 @@
-"""The stored functions are the contract (DESIGN.md, "Functions"): names, argument order
+"""The stored functions are the contract (docs/design.md, "Functions"): names, argument order
 and types, results, SECURITY DEFINER, a pinned search_path, and no EXECUTE for PUBLIC.
 
-Types are written here as DESIGN.md spells them and resolved by PostgreSQL
+Types are written here as docs/design.md spells them and resolved by PostgreSQL
 (``to_regtype``/``to_regprocedure``), so ``int`` and ``integer`` are the same type.
 """
 
@@ -24,7 +24,7 @@ PINNED_SEARCH_PATH = "search_path=pg_catalog, runledger, pg_temp"
 class Fn(NamedTuple):
     name: str
     args: list[tuple[str, str]]
-    returns: str | list[tuple[str, str]] | None  # None: DESIGN.md does not say
+    returns: str | list[tuple[str, str]] | None  # None: docs/design.md does not say
     defaults: int = 0
     role: str = "runledger_worker"
 

@@ -49,7 +49,7 @@ def test_revisions_are_linear_and_load_their_sql_siblings() -> None:
 
 
 def test_revisions_import_nothing_of_runledger() -> None:
-    """STYLE.md: a merged revision is frozen; it must not depend on moving package code."""
+    """CONTRIBUTING.md: a released revision is frozen; it must not depend on moving package code."""
     for path in [MIGRATIONS / "env.py", *sorted((MIGRATIONS / "versions").glob("*.py"))]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):

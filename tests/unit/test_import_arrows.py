@@ -1,4 +1,4 @@
-"""Arrows point one way (DESIGN "Shape of the package"), checked over the source's AST.
+"""Arrows point one way (docs/design.md, "The package"), checked over the source's AST.
 
 Every ``import`` counts, also one inside a function or under ``TYPE_CHECKING``: a lazy
 import is still an arrow. Rules 1-4 hold over the transitive closure (``db`` importing a
