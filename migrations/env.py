@@ -5,6 +5,11 @@ Online: takes a session advisory lock so that several processes running
 current revision only after the lock is held). Each revision is its own transaction; a
 revision of HOLD_EVENT_WRITERS first takes ``runledger.runs`` from the writers of events
 (:func:`_hold_event_writers`). Offline (``--sql``): prints the SQL.
+
+Revisions 0001-0032 of the unreleased history are gone: the baseline 0.1 replaced them.
+Under the same lock, before Alembic looks for the database's revision (it could not find
+those), a database at 0032 is brought to the baseline and stamped
+(:func:`_bring_to_baseline`); one at an older revision is refused in one line.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from alembic import context
@@ -24,10 +30,18 @@ MIGRATE_LOCK_KEY = 7_210_551_234_001  # pg_advisory_lock key for migrations
 VERSION_SCHEMA = "runledger"
 
 # The revisions that change what a write of events puts in run_events, during which no
-# event write may be in flight (_hold_event_writers): 0016 starts the hash chain. A
-# revision that changes the chain again (the hash's input, its order) belongs here;
+# event write may be in flight (_hold_event_writers). None since the baseline: 0.1 runs
+# on an empty database, and from 0032 it changes no event writer's behaviour. A revision
+# that changes the chain (the hash's input, its order) belongs here;
 # tests/migrations/test_rolling_upgrade.py names the revisions that define the writers.
-HOLD_EVENT_WRITERS = frozenset({"0016"})
+# (Config attribute "hold_event_writers" replaces the set: tests.)
+HOLD_EVENT_WRITERS: frozenset[str] = frozenset()
+
+# The baseline and the revisions of the history it replaced (see the module docstring).
+BASELINE = "0.1"
+LAST_BEFORE_BASELINE = "0032"  # runledger at commit 4b19f01
+BEFORE_BASELINE = frozenset(f"{n:04d}" for n in range(1, 33))
+FROM_LAST_BEFORE_BASELINE = Path(__file__).parent / "versions" / "0_1_baseline.from_0032.sql"
 
 # How a revision waits for runledger.runs (see _hold_event_writers): one try of at most
 # HOLD_TRY_SECONDS (the longest the workers queue behind it), then a pause that lets
@@ -75,6 +89,7 @@ def _migrate(connection) -> None:  # type: ignore[no-untyped-def]
     try:
         connection.execute(text("CREATE SCHEMA IF NOT EXISTS runledger"))
         connection.commit()
+        _bring_to_baseline(connection)
         context.configure(
             connection=connection,
             version_table_schema=VERSION_SCHEMA,
@@ -95,6 +110,42 @@ def _migrate(connection) -> None:  # type: ignore[no-untyped-def]
         connection.commit()
 
 
+def _bring_to_baseline(connection: Any) -> None:
+    """A database at LAST_BEFORE_BASELINE gets FROM_LAST_BEFORE_BASELINE (the function
+    versions the baseline retired dropped, the functions whose text changed replaced) and
+    the baseline in its version table, in one transaction: the catalog of a fresh install
+    of the baseline (tests/migrations/test_baseline.py). A database at an older revision
+    of that history is refused (CommandError, one line; config attribute
+    "before_baseline" names its revision), and nothing is written."""
+    found = connection.execute(text("SELECT to_regclass('runledger.alembic_version')")).scalar()
+    if found is None:
+        connection.commit()
+        return
+    versions = set(
+        connection.execute(text("SELECT version_num FROM runledger.alembic_version")).scalars()
+    )
+    if versions == {LAST_BEFORE_BASELINE}:
+        sql = FROM_LAST_BEFORE_BASELINE.read_text(encoding="utf-8")
+        # Sent as is through the driver (no bind-parameter parsing of % or :name).
+        connection.connection.driver_connection.execute(sql)
+        connection.execute(
+            text("UPDATE runledger.alembic_version SET version_num = :b WHERE version_num = :a"),
+            {"a": LAST_BEFORE_BASELINE, "b": BASELINE},
+        )
+        connection.commit()
+        log.info("revision %s brought to the baseline %s", LAST_BEFORE_BASELINE, BASELINE)
+        return
+    connection.commit()
+    older = sorted(versions & BEFORE_BASELINE)
+    if older:
+        config.attributes["before_baseline"] = older[0]
+        raise CommandError(
+            f"the database is at revision {older[0]}, older than runledger 0.1 can upgrade"
+            f" (from {LAST_BEFORE_BASELINE} only): recreate it, or first run `runledger"
+            f" migrate` of runledger at commit 4b19f01, then this one"
+        )
+
+
 def _each_holding_event_writers(
     steps: Callable[..., Iterable[Any]], connection: Any
 ) -> Callable[..., Iterator[Any]]:
@@ -104,10 +155,12 @@ def _each_holding_event_writers(
     the connection as it finds it: the lock's statement has begun it, so the step runs in
     it."""
 
+    held = config.attributes.get("hold_event_writers", HOLD_EVENT_WRITERS)
+
     def each(heads: Any, migration_context: Any) -> Iterator[Any]:
         for step in steps(heads, migration_context):
             revision = getattr(getattr(step, "revision", None), "revision", None)
-            if revision in HOLD_EVENT_WRITERS:
+            if isinstance(revision, str) and revision in held:
                 _hold_event_writers(connection, revision)
             yield step
 
@@ -120,19 +173,18 @@ def _hold_event_writers(connection: Any, revision: str) -> None:
 
     A session runs a function with the body it found when it entered it, to the end, even
     when a revision replaced the body meanwhile. Without this lock, a writer that had
-    entered the old ``runledger._event`` and then waited for ``run_events`` (revision
-    0016 takes it to add the hash column) inserted its event after 0016 committed, with
-    the old body: no hash, an id past checkpoint 0's, and ``runledger audit`` failed
-    (``event_chain_broken``: the event has no hash; ``checkpoint_head_changed`` once a
-    checkpoint recorded it as a head). Every writer of a run's events locks the run, or
-    reads it, in a statement before it enters ``_event`` (or ``_events``): a writer that
-    holds ``runs`` is waited for, and one that comes meanwhile waits before the event
-    writer, then enters the body the revision committed.
+    entered the old ``runledger._event`` and then waited for ``run_events`` (which a
+    revision takes to alter it) inserts its event after the revision committed, with the
+    old body: for a change of the hash chain, an event the chain's new rule does not
+    link, and ``runledger audit`` fails (``event_chain_broken``;
+    ``checkpoint_head_changed`` once a checkpoint recorded it as a head). Every writer of a
+    run's events locks the run, or reads it, in a statement before it enters ``_event``
+    (or ``_events``): a writer that holds ``runs`` is waited for, and one that comes
+    meanwhile waits before the event writer, then enters the body the revision committed.
 
     Only for the revisions that need it: a writer held here goes on, once the revision
-    committed, with the rest of its own function's old body. Revision 0002 dropped a
-    helper that 0001's bodies call after they lock the run (``_check_json`` of four
-    arguments): held there too, a worker of 0001 had its write refused
+    committed, with the rest of its own function's old body, and a revision that drops a
+    helper such a body calls after it locks the run would have its write refused
     (``UndefinedFunction``).
 
     Each try waits at most HOLD_TRY_SECONDS (``lock_timeout``, in a savepoint), so the

@@ -118,6 +118,12 @@ class SchemaMissing(RunLedgerError):
     """The database has no runledger schema, or an older one: run ``runledger migrate``."""
 
 
+class SchemaTooOld(SchemaMissing):
+    """The database's runledger schema is at a revision this release cannot upgrade
+    from (one before the 0.1 baseline's 0032): recreate it, or upgrade it with an earlier
+    runledger first. ``runledger migrate`` says so in one line and exits 3."""
+
+
 class ConfigurationError(RunLedgerError):
     """Settings are missing or inconsistent (for example no database URL)."""
 

@@ -135,6 +135,12 @@ def snapshot(conn: Conn) -> Snapshot:
     out: Snapshot = {}
     for kind, sql in QUERIES.items():
         found: dict[str, tuple[Any, ...]] = {}
+        table = {"settings": "runledger.settings", "alembic_version": "runledger.alembic_version"}
+        if kind in table and conn.execute(  # an empty schema (the baseline downgraded)
+            "SELECT to_regclass(%s) IS NULL", (table[kind],)
+        ).fetchone() == (True,):
+            out[kind] = found
+            continue
         for row in conn.execute(sql).fetchall():  # type: ignore[call-overload]
             values = tuple(row.values()) if isinstance(row, dict) else tuple(row)
             name = str(values[0])

@@ -28,6 +28,12 @@ def _install(url: str) -> None:
         schema.install(conn)
 
 
+def snapshot_of_install(url: str) -> Snapshot:
+    """The catalog of a fresh install from the living files into the empty ``url``."""
+    _install(url)
+    return snapshot_of(url)
+
+
 @pytest.fixture(scope="module")
 def installed_url(runledger_databases: Databases) -> Iterator[str]:
     url = runledger_databases.create("rl_cat_inst", migrated=False)
@@ -61,12 +67,13 @@ def test_install_and_upgrade_give_the_same_catalog(installed_url: str, upgraded:
 def test_the_snapshot_sees_the_whole_contract(upgraded: Snapshot) -> None:
     """Not vacuous: every kind of object is there, with the names the contract relies on."""
     functions = upgraded["functions"]
-    assert "runledger.claim_runs(text,text[],interval,integer)" in functions
+    assert "runledger.claim_runs_v4(text,text[],interval,integer)" in functions
     assert "runledger.release_lease(text,uuid,bigint,text,jsonb)" in functions
-    # the claim's body (since revision 0020 in _claim, which claim_runs selects from)
+    # the claim's body (in _claim, which claim_runs_v4 selects from)
     definition = functions["runledger._claim(text,text[],interval,integer,boolean)"][0]
     assert "FOR NO KEY UPDATE OF c SKIP LOCKED" in definition
-    assert "runledger._claim(" in functions["runledger.claim_runs(text,text[],interval,integer)"][0]
+    claim = functions["runledger.claim_runs_v4(text,text[],interval,integer)"][0]
+    assert "runledger._claim(" in claim
     assert "runledger_worker:EXECUTE by <owner>" in functions["runledger.now()"][-1]
     assert {"runs", "run_events_event_id_seq", "pk_runs", "alembic_version"} <= set(
         upgraded["relations"]
@@ -181,42 +188,35 @@ def test_install_refuses_a_database_that_has_the_schema(installed_url: str) -> N
 
 def test_install_refuses_a_migrated_database(new_empty_database: Callable[[], str]) -> None:
     url = new_empty_database()
-    migrate.upgrade(url, "0001")
+    migrate.upgrade(url)
     with pytest.raises(ConfigurationError, match="already installed"):
         _install(url)
-    assert migrate.current(url) == "0001"
+    assert migrate.current(url) == migrate.head()
 
 
-# -- the last revision's downgrade restores the revision before it exactly -----------------------
-
-
-def test_downgrade_of_0002_restores_the_0001_catalog(
-    new_empty_database: Callable[[], str],
-) -> None:
-    url = new_empty_database()
-    migrate.upgrade(url, "0001")
-    at_0001 = snapshot_of(url)
-    migrate.upgrade(url, "0002")
-    at_0002 = snapshot_of(url)
-    assert differences(at_0001, at_0002, ("0001", "0002")) != []
-    migrate.downgrade(url, "0001")
-    assert differences(snapshot_of(url), at_0001, ("0002 downgraded", "0001")) == []
+# -- the head's downgrade restores the revision before it exactly -------------------------------
 
 
 def test_downgrade_of_the_head_restores_the_revision_before_it(
     new_empty_database: Callable[[], str],
 ) -> None:
-    """The head (0007, faster helpers) gives back the 0006 functions and guards exactly."""
+    """The head gives back the catalog of the revision before it exactly; the baseline's
+    (no revision before it) an empty schema runledger with an empty version table."""
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory.from_config(migrate.alembic_config(None))
     head = script.get_revision(migrate.head())
-    assert head is not None and isinstance(head.down_revision, str)
-    previous = head.down_revision
+    assert head is not None
+    previous = head.down_revision if isinstance(head.down_revision, str) else "base"
     url = new_empty_database()
     migrate.upgrade(url, previous)
+    if previous == "base":  # the version table, as Alembic leaves it after a downgrade
+        migrate.upgrade(url)
+        migrate.downgrade(url, "base")
     before = snapshot_of(url)
     migrate.upgrade(url)
     assert differences(before, snapshot_of(url), (previous, head.revision)) != []
     migrate.downgrade(url, previous)
     assert differences(snapshot_of(url), before, (f"{head.revision} downgraded", previous)) == []
+    migrate.upgrade(url)  # and up again: the same catalog as a fresh install
+    assert differences(snapshot_of(url), snapshot_of_install(new_empty_database()), NAMES) == []

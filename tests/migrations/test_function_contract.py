@@ -62,76 +62,6 @@ CONTRACT: list[Fn] = [
         defaults=3,
     ),
     Fn(
-        "claim_runs",
-        [
-            ("p_worker_id", "text"),
-            ("p_flows", "text[]"),
-            ("p_lease", "interval"),
-            ("p_max_runs", "int"),
-        ],
-        [
-            ("run_id", "text"),
-            ("flow", "text"),
-            ("flow_version", "text"),
-            ("input", "jsonb"),
-            ("state", "jsonb"),
-            ("state_version", "bigint"),
-            ("fencing_token", "bigint"),
-            ("lease_id", "uuid"),
-            ("lease_expires_at", "timestamptz"),
-            ("takeover", "boolean"),
-        ],
-    ),
-    Fn(
-        "claim_runs_v2",
-        [
-            ("p_worker_id", "text"),
-            ("p_flows", "text[]"),
-            ("p_lease", "interval"),
-            ("p_max_runs", "int"),
-        ],
-        [
-            ("run_id", "text"),
-            ("flow", "text"),
-            ("flow_version", "text"),
-            ("input", "jsonb"),
-            ("state", "jsonb"),
-            ("state_version", "bigint"),
-            ("fencing_token", "bigint"),
-            ("lease_id", "uuid"),
-            ("lease_expires_at", "timestamptz"),
-            ("takeover", "boolean"),
-            ("stalled_claims", "integer"),
-            ("turns", "json"),
-            ("calls", "json"),
-        ],
-    ),
-    Fn(
-        "claim_runs_v3",
-        [
-            ("p_worker_id", "text"),
-            ("p_flows", "text[]"),
-            ("p_lease", "interval"),
-            ("p_max_runs", "int"),
-        ],
-        [
-            ("run_id", "text"),
-            ("flow", "text"),
-            ("flow_version", "text"),
-            ("input", "jsonb"),
-            ("state", "jsonb"),
-            ("state_version", "bigint"),
-            ("fencing_token", "bigint"),
-            ("lease_id", "uuid"),
-            ("lease_expires_at", "timestamptz"),
-            ("takeover", "boolean"),
-            ("stalled_claims", "integer"),
-            ("turns", "json"),
-            ("calls", "json"),
-            ("failover_turn", "integer"),
-        ],
-    ),
-    Fn(
         "claim_runs_v4",
         [
             ("p_worker_id", "text"),
@@ -179,47 +109,6 @@ CONTRACT: list[Fn] = [
         "bigint",
     ),
     Fn(
-        "record_turn",
-        [
-            ("p_run_id", "text"),
-            ("p_lease_id", "uuid"),
-            ("p_fencing_token", "bigint"),
-            ("p_turn", "int"),
-            ("p_calls", "jsonb"),
-        ],
-        "void",
-    ),
-    Fn(
-        "record_turn_v2",
-        [
-            ("p_run_id", "text"),
-            ("p_lease_id", "uuid"),
-            ("p_fencing_token", "bigint"),
-            ("p_turn", "int"),
-            ("p_calls", "jsonb"),
-            ("p_record", "jsonb"),
-            ("p_output", "jsonb"),
-        ],
-        "void",
-        defaults=1,
-    ),
-    Fn(
-        "record_turn_v3",
-        [
-            ("p_run_id", "text"),
-            ("p_lease_id", "uuid"),
-            ("p_fencing_token", "bigint"),
-            ("p_turn", "int"),
-            ("p_calls", "jsonb"),
-            ("p_record", "jsonb"),
-            ("p_output", "jsonb"),
-            ("p_expected_version", "bigint"),
-            ("p_state", "jsonb"),
-            ("p_finish", "boolean"),
-        ],
-        "bigint",
-    ),
-    Fn(
         "record_turn_v4",
         [
             ("p_run_id", "text"),
@@ -237,7 +126,7 @@ CONTRACT: list[Fn] = [
         [("state_version", "bigint"), ("attempts", "integer[]")],
     ),
     Fn(
-        "finish_and_claim",  # revision 0026
+        "finish_and_claim",
         [
             ("p_run_id", "text"),
             ("p_lease_id", "uuid"),
@@ -352,7 +241,7 @@ CONTRACT: list[Fn] = [
         ],
         "void",
     ),
-    Fn(  # revision 0011: register, holding a session lock under a fresh key
+    Fn(  # register, holding a session lock under a fresh key
         "register_worker_v2",
         [
             ("p_worker_id", "text"),
@@ -360,8 +249,8 @@ CONTRACT: list[Fn] = [
             ("p_pid", "integer"),
             ("p_flows", "text[]"),
             ("p_session_lock", "boolean"),
-            ("p_process", "text"),  # revision 0031: the worker's process, for its peers
-            # revision 0032: registered without a session of its own (through a pooler)
+            ("p_process", "text"),  # the worker's process, for its peers
+            # registered without a session of its own (through a pooler)
             ("p_incarnation", "uuid"),
             ("p_session", "boolean"),
             ("p_silent_after", "interval"),
@@ -370,7 +259,7 @@ CONTRACT: list[Fn] = [
         [("session_lock", "bigint"), ("session_pid", "integer")],
         defaults=5,
     ),
-    Fn(  # revision 0031: who sent a call in flight, until when it may be sending it
+    Fn(  # who sent a call in flight, until when it may be sending it
         "call_sender",
         [
             ("p_run_id", "text"),
@@ -390,7 +279,7 @@ CONTRACT: list[Fn] = [
             ("now", "timestamptz"),
         ],
     ),
-    Fn(  # revision 0031: the end of a send, by its sender or (process gone) the holder
+    Fn(  # the end of a send, by its sender or (process gone) the holder
         "release_call",
         [
             ("p_run_id", "text"),
@@ -402,13 +291,13 @@ CONTRACT: list[Fn] = [
         ],
         "boolean",
     ),
-    Fn(  # revision 0032: with p_incarnation, only the process holding the id
+    Fn(  # with p_incarnation, only the process holding the id
         "heartbeat_worker",
         [("p_worker_id", "text"), ("p_stopped", "boolean"), ("p_incarnation", "uuid")],
         "void",
         defaults=2,
     ),
-    Fn(  # revision 0011: the listener's heartbeat
+    Fn(  # the listener's heartbeat
         "heartbeat_listener",
         [("p_worker_id", "text")],
         [("session_pid", "integer"), ("takeover_due", "boolean")],
@@ -456,7 +345,7 @@ CONTRACT: list[Fn] = [
         "integer",
         role=OPERATOR,
     ),
-    Fn(  # revision 0016
+    Fn(
         "checkpoint_events",
         [("p_actor", "text"), ("p_min_age", "interval")],
         [
@@ -567,7 +456,7 @@ def test_security_definer_pinned_and_not_public(conn: Conn, fn: Fn) -> None:
     assert row is not None and row["ok"], f"{fn.role} cannot execute {fn.name}"
 
 
-# Revision 0007: runledger.now() and the internal helpers have no SET search_path (a SET
+# runledger.now() and the internal helpers have no SET search_path (a SET
 # costs on every call and keeps a SQL function from being inlined). That is safe only while
 # each of them runs as its caller (not SECURITY DEFINER), is no trigger function, and but
 # for now() (fully schema-qualified, it runs with its caller's rights) can be executed by
@@ -602,20 +491,19 @@ UNPINNED = {
     "runledger._requeue_if_settled(runledger.runs,text,text,timestamp with time zone)",
     "runledger._lock_awaiting_call(text)",
     "runledger._prune_authorized()",
-    "runledger._gone_sessions()",  # revision 0011
-    "runledger._claim(text,text[],interval,integer,boolean)",  # revision 0020
-    # revisions 0011, 0031, 0032
+    "runledger._gone_sessions()",
+    "runledger._claim(text,text[],interval,integer,boolean)",
     "runledger._register_worker(text,text,integer,text[],bigint,text,uuid,boolean,interval,text)",
-    "runledger._sender_until(text,text,bigint,integer,timestamp with time zone)",  # 0031
+    "runledger._sender_until(text,text,bigint,integer,timestamp with time zone)",
     "runledger._event_hash(bytea,bigint,text,timestamp with time zone,text,text,bigint,bigint,"
-    "jsonb)",  # revision 0016
-    "runledger._checkpoint_digest(bytea,bigint,bigint,text)",  # revision 0016
-    # revision 0028: the events of one write in one INSERT
+    "jsonb)",
+    "runledger._checkpoint_digest(bytea,bigint,bigint,text)",
+    # the events of one write in one INSERT
     "runledger._refuse_event_isolation(text)",
     "runledger._events(text,text,bigint,timestamp with time zone,text[],bigint[],jsonb[])",
     "runledger._event_rows(bytea,text,text,bigint,timestamp with time zone,text[],bigint[],"
     "jsonb[])",
-    # revision 0027: the functions the CHECK constraints call, executable by PUBLIC (a
+    # the functions the CHECK constraints call, executable by PUBLIC (a
     # CHECK's function runs with the writer's rights); pure, every name schema-qualified
     "runledger._ck_runs_run_id(text)",
     "runledger._ck_runs_status(text)",
@@ -637,7 +525,7 @@ UNPINNED = {
     "runledger._ck_run_calls_approval_status(text,text)",
     "runledger._ck_run_calls_approval_decided(text,text,timestamp with time zone,text)",
     "runledger._ck_run_events_hash(bytea)",
-    # revision 0029: the functions the guard triggers' WHEN clauses call, the same way
+    # the functions the guard triggers' WHEN clauses call, the same way
     "runledger._tw_runs_guard(bigint,bigint,bigint,bigint)",
     "runledger._tw_runs_guard_columns(text,text,bigint,bigint,jsonb,jsonb,text,text,text,text,"
     "jsonb,jsonb)",
@@ -667,13 +555,13 @@ def test_every_function_is_pinned_or_a_helper_only_pinned_code_reaches(
     loose = {r["fn"]: r for r in rows if PINNED_SEARCH_PATH not in (r["proconfig"] or [])}
     assert set(loose) == UNPINNED
     assert [f for f, r in loose.items() if r["prosecdef"] or r["is_trigger"]] == []
-    checks = {f for f in loose if f.startswith("runledger._ck_")}  # revision 0027
+    checks = {f for f in loose if f.startswith("runledger._ck_")}
     assert len(checks) == 20
-    conditions = {f for f in loose if f.startswith("runledger._tw_")}  # revision 0029
+    conditions = {f for f in loose if f.startswith("runledger._tw_")}
     assert len(conditions) == 3
     checks |= conditions
     granted = {f: r["grantees"] for f, r in loose.items() if r["grantees"] and f not in checks}
-    assert granted == {"runledger.now()": [AUDITOR, OPERATOR, WORKER]}  # auditor: 0012
+    assert granted == {"runledger.now()": [AUDITOR, OPERATOR, WORKER]}
     assert {r["fn"] for r in rows if r["public_exec"]} == checks
 
 

@@ -20,7 +20,7 @@ from runledger.cli import main
 from runledger.db import migrate, schema
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
-HEAD = "0032"
+HEAD = "0.1"
 
 
 def _script() -> ScriptDirectory:
@@ -93,7 +93,7 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_database_url: str) -> None:
     views = {name for name, kind in first["tables"] if kind == "VIEW"}
     assert views == {"run_timeline", "effect_ledger", "lease_history"}
     function_names = {sig.split("(")[0] for sig, _, _ in first["functions"]}
-    assert "runledger.claim_runs" in function_names
+    assert "runledger.claim_runs_v4" in function_names
     assert "runledger.prune_runs" in function_names
     assert len(first["triggers"]) >= 5
 
@@ -168,7 +168,7 @@ def test_migrate_sql_prints_the_schema_without_a_database(no_database_env: None)
     assert "CREATE TABLE runledger.runs" in sql
     assert "CREATE SCHEMA IF NOT EXISTS runledger" in sql
     # Alembic's bookkeeping lands in the runledger schema too.
-    assert re.search(r"INSERT INTO runledger\.alembic_version .*'0001'", sql), sql[-2000:]
+    assert re.search(r"INSERT INTO runledger\.alembic_version .*'0\.1'", sql), sql[-2000:]
 
 
 def test_migrate_sql_in_a_clean_process(tmp_path: Path) -> None:
@@ -273,11 +273,10 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         assert "runledger/_migrations/env.py" in names
-        assert "runledger/_migrations/versions/0001_contract.sql" in names
-        assert "runledger/_migrations/versions/0001_contract.down.sql" in names
-        assert "runledger/_migrations/versions/0001_contract.py" in names
-        for revision in ("0002_living_contract.sql", "0002_living_contract.down.sql"):
+        for revision in ("0_1_baseline.py", "0_1_baseline.sql", "0_1_baseline.down.sql"):
             assert f"runledger/_migrations/versions/{revision}" in names
+        # what migrations/env.py runs on a database of the last revision before the baseline
+        assert "runledger/_migrations/versions/0_1_baseline.from_0032.sql" in names
         living = {n for n in names if n.startswith("runledger/db/sql/")}
         assert living == {f"runledger/db/sql/{f.name}" for f in schema.living_files()}
         assert "runledger/db/schema.py" in names

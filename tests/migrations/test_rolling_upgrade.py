@@ -1,28 +1,36 @@
-"""`runledger migrate` under writers of the release before: the revision that starts the
-hash chain (0016) holds the writers of events outside the event writer (migrations/env.py,
-HOLD_EVENT_WRITERS), so a write that comes while it runs gets its hash.
+"""`runledger migrate` under writers of the release before: a revision of
+HOLD_EVENT_WRITERS (migrations/env.py) holds the writers of events outside the event
+writer, so a write that comes while it runs enters the event writer the revision committed.
 
-The migration is stopped before it commits by a session that holds the version table (SHARE
-mode lets Alembic read it and makes its UPDATE wait): what a worker's write does meanwhile
-is then a matter of locks, not of timing. tests/process/test_rolling_upgrade.py runs real
-workers of an earlier commit through the whole upgrade.
+No revision since the baseline changes the event writers, so the set is empty; these tests
+hold a revision of their own (a copy of migrations/ with one more revision after the
+head, which alters run_events as a change of the chain would: a column whose default tells
+an event written after the revision committed from one before). The migration is stopped
+before it commits by a session that holds the version table (SHARE mode lets Alembic read
+it and makes its UPDATE wait): what a worker's write does meanwhile is then a matter of
+locks, not of timing. tests/process/test_rolling_upgrade.py runs real workers of an
+earlier commit through the whole upgrade.
 """
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from alembic import command
+from alembic.config import Config
 from alembic.util import CommandError
 
 from runledger.audit import CHAIN_CHECKS
@@ -30,8 +38,11 @@ from runledger.db import migrate
 from runledger.testing import wait_for
 from tests.migrations.helpers import MIGRATIONS
 
-BEFORE_CHAIN = "0015"  # the last revision whose event writer writes no hash
-CHAIN = "0016"
+HELD = "0.1.held"  # the tests' revision after the head, which alters run_events
+HELD_SQL = """
+ALTER TABLE runledger.run_events ADD COLUMN after_held boolean NOT NULL DEFAULT false;
+ALTER TABLE runledger.run_events ALTER COLUMN after_held SET DEFAULT true;
+"""
 
 
 class Background:
@@ -89,22 +100,39 @@ def chain_findings(admin: psycopg.Connection[Any]) -> dict[str, list[Any]]:
 
 
 @pytest.fixture
-def at_0015(empty_database_url: str) -> Iterator[tuple[str, psycopg.Connection[Any]]]:
-    """A database of the release before the chain, with a queued run ``r1``."""
-    migrate.upgrade(empty_database_url, BEFORE_CHAIN)
-    with psycopg.connect(empty_database_url, autocommit=True) as admin:
+def held_config(
+    empty_database_url: str, tmp_path: Path
+) -> Iterator[tuple[Config, str, psycopg.Connection[Any]]]:
+    """A database at the head with a queued run ``r1``, and the config of a copy of
+    migrations/ with revision HELD after the head, in the held set."""
+    url = empty_database_url
+    migrate.upgrade(url)
+    copy = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    module = (MIGRATIONS / "versions" / "0_1_baseline.py").read_text("utf-8")
+    module = module.replace('revision = "0.1"', f"revision = {HELD!r}")
+    module = module.replace("down_revision = None", f"down_revision = {migrate.head()!r}")
+    (copy / "versions" / "held.py").write_text(module, "utf-8")
+    (copy / "versions" / "held.sql").write_text(HELD_SQL, "utf-8")
+    (copy / "versions" / "held.down.sql").write_text(
+        "ALTER TABLE runledger.run_events DROP COLUMN after_held;", "utf-8"
+    )
+    config = migrate.alembic_config(url)
+    config.set_main_option("script_location", str(copy))
+    config.attributes["hold_event_writers"] = frozenset({HELD})
+    with psycopg.connect(url, autocommit=True) as admin:
         admin.execute("SELECT * FROM runledger.submit_run('r1', 'f', '1', '{}'::jsonb)")
-        yield empty_database_url, admin
+        yield config, url, admin
 
 
-def test_a_write_during_0016_waits_outside_the_event_writer_and_gets_its_hash(
-    at_0015: tuple[str, psycopg.Connection[Any]],
+def test_a_write_during_a_held_revision_waits_outside_the_event_writer(
+    held_config: tuple[Config, str, psycopg.Connection[Any]],
 ) -> None:
-    url, admin = at_0015
+    config, url, admin = held_config
     with version_table_held(url) as holder:
-        migration = Background(lambda: migrate.upgrade(url, CHAIN))
+        migration = Background(lambda: command.upgrade(config, HELD))
         (migrator,) = wait_for(
-            lambda: waiting_for(admin, holder.info.backend_pid), what="0016 done, uncommitted"
+            lambda: waiting_for(admin, holder.info.backend_pid), what="HELD done, uncommitted"
         )
         with psycopg.connect(url, autocommit=True) as writer:
             pid = writer.info.backend_pid
@@ -113,24 +141,19 @@ def test_a_write_during_0016_waits_outside_the_event_writer_and_gets_its_hash(
             )
             wait_for(lambda: pid in waiting_for(admin, migrator), what="the cancel waiting")
             # The cancel waits for the run's table, before it enters runledger._event. Were
-            # it let in, its 0015 _event would wait for run_events (0016 added the hash column
-            # there) and insert after the commit with the old body: no hash.
+            # it let in, its _event would wait for run_events (the revision alters it) and
+            # insert after the commit with the body it entered before.
             assert awaited_table(admin, pid) == "runledger.runs"
             holder.commit()
             migration.join()
             write.join()
 
-    assert admin.execute("SELECT version_num FROM runledger.alembic_version").fetchone() == (CHAIN,)
-    (through,) = admin.execute(
-        "SELECT through_event_id FROM runledger.event_checkpoints WHERE checkpoint_id = 0"
-    ).fetchone() or (None,)
+    assert admin.execute("SELECT version_num FROM runledger.alembic_version").fetchone() == (HELD,)
     events = admin.execute(
-        "SELECT event_id, kind, hash IS NOT NULL FROM runledger.run_events ORDER BY event_id"
+        "SELECT event_id, kind, hash IS NOT NULL, after_held FROM runledger.run_events"
+        " ORDER BY event_id"
     ).fetchall()
-    assert events == [(1, "submitted", False), (2, "run_cancelled", True)]
-    assert through == 1  # the submit is before the chain; the cancel is in it
-    # a checkpoint takes the cancel as the run's head (an event without its hash there
-    # would fail checkpoint_head_changed as well as event_chain_broken)
+    assert events == [(1, "submitted", True, False), (2, "run_cancelled", True, True)]
     assert admin.execute(
         "SELECT runs, created FROM runledger.checkpoint_events('test', interval '0')"
     ).fetchone() == (1, True)
@@ -138,18 +161,18 @@ def test_a_write_during_0016_waits_outside_the_event_writer_and_gets_its_hash(
 
 
 def test_the_hold_waits_for_a_write_in_flight_trying_again(
-    at_0015: tuple[str, psycopg.Connection[Any]], caplog: pytest.LogCaptureFixture
+    held_config: tuple[Config, str, psycopg.Connection[Any]], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A writer that holds the run when 0016 starts ends first, with its 0015 event (before
-    the chain); the migration's lock waits one try (lock_timeout) after another meanwhile,
-    letting the other sessions through between them."""
-    url, admin = at_0015
+    """A writer that holds the run when the revision starts ends first, with its event
+    before the revision; the migration's lock waits one try (lock_timeout) after another
+    meanwhile, letting the other sessions through between them."""
+    config, url, admin = held_config
     caplog.set_level(logging.WARNING, logger="runledger.migrate")
     with psycopg.connect(url, application_name="writer-in-flight") as writer:
         writer.execute("SELECT runledger.cancel_run('r1', 'operator', 'test')")  # uncommitted
-        migration = Background(lambda: migrate.upgrade(url, CHAIN))
+        migration = Background(lambda: command.upgrade(config, HELD))
         (migrator,) = wait_for(
-            lambda: waiting_for(admin, writer.info.backend_pid), what="0016 waiting for runs"
+            lambda: waiting_for(admin, writer.info.backend_pid), what="HELD waiting for runs"
         )
 
         def started() -> Any:
@@ -164,54 +187,45 @@ def test_the_hold_waits_for_a_write_in_flight_trying_again(
         with psycopg.connect(url, autocommit=True, options="-c statement_timeout=20s") as reader:
             assert reader.execute("SELECT count(*) FROM runledger.runs").fetchone() == (1,)
         assert admin.execute("SELECT version_num FROM runledger.alembic_version").fetchone() == (
-            BEFORE_CHAIN,
+            migrate.head(),
         )
         writer.commit()
         migration.join()
 
     assert any("writer-in-flight" in r.getMessage() for r in caplog.records), caplog.text
-    (through,) = admin.execute(
-        "SELECT through_event_id FROM runledger.event_checkpoints WHERE checkpoint_id = 0"
-    ).fetchone() or (None,)
-    assert through == 2  # the cancel committed before 0016: it is before the chain
+    events = admin.execute(
+        "SELECT kind, after_held FROM runledger.run_events ORDER BY event_id"
+    ).fetchall()
+    assert events == [("submitted", False), ("run_cancelled", False)]  # both before it
     assert chain_findings(admin) == {c.name: [] for c in CHAIN_CHECKS}
 
 
 def test_the_hold_gives_up_naming_the_session_that_holds_the_runs(
-    at_0015: tuple[str, psycopg.Connection[Any]],
+    held_config: tuple[Config, str, psycopg.Connection[Any]],
 ) -> None:
-    url, admin = at_0015
-    config = migrate.alembic_config(url)
+    config, url, admin = held_config
     config.attributes["hold_seconds"] = 2.0
     with psycopg.connect(url, application_name="long-writer") as writer:
         writer.execute("SELECT runledger.cancel_run('r1', 'operator', 'test')")  # uncommitted
-        migration = Background(lambda: command.upgrade(config, CHAIN))
+        migration = Background(lambda: command.upgrade(config, HELD))
         with pytest.raises(
             CommandError, match=r"not free within 2 s \(held by pid \d+ 'long-writer'"
         ):
             migration.join(timeout=60)
     assert admin.execute("SELECT version_num FROM runledger.alembic_version").fetchone() == (
-        BEFORE_CHAIN,
+        migrate.head(),
     )
-    migrate.upgrade(url, CHAIN)  # once the writer is gone
+    command.upgrade(config, HELD)  # once the writer is gone
     assert chain_findings(admin) == {c.name: [] for c in CHAIN_CHECKS}
 
 
-# Each revision that defines a writer of run_events, or alters the table. Those that change
-# what a write puts there (the hash, its input, the chain's order) are in HOLD_EVENT_WRITERS;
-# the others keep the chain as it was, and a write that ends on their old body is still a
-# link of it.
+# Each revision that defines a writer of run_events, or alters the table (and the step
+# that brings a database of 0032 to the baseline). Those that change what a write puts
+# there (the hash, its input, the chain's order) are in HOLD_EVENT_WRITERS; the others
+# keep the chain as it was, and a write that ends on their old body is still a link of it.
 EVENT_WRITER_REVISIONS = {
-    "0001": "the first writers",
-    "0002": "_event with p_at (no hash yet)",
-    "0007": "_event in PL/pgSQL (no hash yet)",
-    "0015": "_event notifies (no hash yet)",
-    "0016": "HOLD: the hash chain starts",
-    "0021": "_event locks the last event row and checks it is still the last: same links",
-    "0023": "_event refuses REPEATABLE READ: same links",
-    "0025": "_event relies on the run's row lock: same links",
-    "0027": "run_events' CHECKs call functions: same rows",
-    "0028": "_events, one INSERT for the events of one write: same links",
+    "0.1": "the baseline: an empty database, no writer yet",
+    "0.1 from 0032": "_event and _events: the same body, comments aside: same links",
 }
 WRITER = re.compile(
     r"FUNCTION\s+runledger\.(_event|_events|_event_rows|_event_hash)\s*\("
@@ -221,19 +235,34 @@ WRITER = re.compile(
 )
 
 
+def _revision_of(sql: Path) -> str:
+    """The revision a SQL file of migrations/versions belongs to (its module's
+    ``revision``), with `` from <revision>`` for a step from a history before it."""
+    stem, _, step = sql.name.removesuffix(".sql").partition(".")
+    tree = ast.parse((sql.parent / f"{stem}.py").read_text("utf-8"))
+    (revision,) = [
+        str(node.value.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "revision" for t in node.targets)
+        and isinstance(node.value, ast.Constant)
+    ]
+    return f"{revision} {step.replace('_', ' ')}" if step else str(revision)
+
+
 def test_each_revision_that_changes_the_event_writers_says_whether_it_holds_them() -> None:
     """A new revision that defines the writers of run_events (or alters the table) is a
     decision: if it changes what they write, add it to HOLD_EVENT_WRITERS in
     migrations/env.py; then name it in EVENT_WRITER_REVISIONS here."""
     found = {
-        path.name[:4]
+        _revision_of(path)
         for path in sorted((MIGRATIONS / "versions").glob("*.sql"))
         if not path.name.endswith(".down.sql") and WRITER.search(path.read_text("utf-8"))
     }
     assert found == set(EVENT_WRITER_REVISIONS)
     env = (MIGRATIONS / "env.py").read_text("utf-8")
-    (held,) = re.findall(r"HOLD_EVENT_WRITERS = frozenset\(\{([^}]*)\}\)", env)
-    assert set(re.findall(r'"(\d{4})"', held)) == {
+    (held,) = re.findall(r"HOLD_EVENT_WRITERS: frozenset\[str\] = frozenset\((.*)\)\n", env)
+    assert set(re.findall(r'"([^"]+)"', held)) == {
         r for r, why in EVENT_WRITER_REVISIONS.items() if why.startswith("HOLD")
     }
 

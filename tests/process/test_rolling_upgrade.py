@@ -4,9 +4,9 @@ stopped. Every run finishes, no effect happens twice, and `runledger audit` pass
 
 The earlier release is a commit of this repository's history, extracted with ``git archive``
 and run from its own ``service/`` directory with this environment's packages. The migration
-is stopped before its first revision commits (a session holds the version table, which
-Alembic writes last) until a worker of the earlier release waits for it: a write that
-comes while a revision runs is then certain, not a matter of timing.
+is stopped before its first step commits (a session holds the version table, which it
+writes last) until a worker of the earlier release has written meanwhile: a write that
+comes while the step runs is then certain, not a matter of timing.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from runledger.db.migrate import head, revision_chain
+from runledger.db.migrate import behind, head
 from runledger.testing import ProviderProcess, WorkerPool, wait_for
 from runledger.testing.postgres import Databases
 from tests.conftest import DEMO_FLOWS
@@ -35,11 +35,10 @@ pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The release the workers are upgraded from: 10fa5cd, the last commit at revision 0015,
-# before the event chain (0016), the most recent a user could have deployed with events
-# that carry no hash (issue #34: users ran dfcb15e, at 0001, the same way). The Release
-# 0.1 issue replaces it with the commit of the 0.1.0 tag.
-PREVIOUS_RELEASE = "10fa5cd250d77d0e525e74c9321f25131b8d6acb"
+# The release the workers are upgraded from: 4b19f01, the last commit before the 0.1
+# baseline, at revision 0032, which `runledger migrate` brings to the baseline under its
+# workers (migrations/env.py). Once 0.1.0 is released, the commit of its tag.
+PREVIOUS_RELEASE = "4b19f010a90cc4e3c3a1d7cc21b3c2f2e59a610a"
 
 RUNS = 80
 GATED = 4  # runs whose second call waits at the provider until the upgrade is over
@@ -144,7 +143,7 @@ def test_workers_of_the_previous_release_run_through_the_upgrade(
         assert done.returncode == 0, done.stderr
         with psycopg.connect(url, autocommit=True) as conn:
             (before,) = conn.execute("SELECT version_num FROM runledger.alembic_version").fetchone()
-            assert before in revision_chain()[:-1], f"{PREVIOUS_RELEASE} is at {before}"
+            assert behind(before), f"{PREVIOUS_RELEASE} is at {before}"
             for n in range(RUNS):
                 conn.execute(
                     "SELECT * FROM runledger.submit_run(%s, 'scripted', '1', %s)",
@@ -167,15 +166,24 @@ def test_workers_of_the_previous_release_run_through_the_upgrade(
                     text=True,
                 )
                 try:
-                    (migrator,) = wait_for(
+                    wait_for(
                         lambda: _waiting_for(conn, holder.info.backend_pid),
                         timeout=60,
                         what="the migration's first revision, done and not committed",
                     )
+                    # The workers of the earlier release write meanwhile: the step from
+                    # their revision to the baseline takes nothing they use.
+                    (during,) = conn.execute(
+                        "SELECT max(event_id) FROM runledger.run_events"
+                    ).fetchone()
                     wait_for(
-                        lambda: _waiting_for(conn, migrator),
+                        lambda: conn.execute(
+                            "SELECT count(*) > 0 FROM runledger.run_events"
+                            " WHERE event_id > %s AND actor LIKE 'old%%'",
+                            (during,),
+                        ).fetchone()[0],
                         timeout=60,
-                        what="a worker of the earlier release waiting for the migration",
+                        what="a write of the earlier release's workers during the migration",
                     )
                 finally:
                     holder.commit()

@@ -1,6 +1,6 @@
 """runledger.model refuses and accepts exactly what the SQL contract does (no database).
 
-The regexes and word lists are read from migrations/versions/0001_contract.sql, so a
+The regexes and word lists are read from the living SQL (service/runledger/db/sql), so a
 change on one side without the other fails here.
 """
 
@@ -21,8 +21,8 @@ RUN_ID_SQL = sql_pattern("run_id")
 RUN_ID_SQL_RE = as_python(RUN_ID_SQL)
 FLOW_NAME_SQL_RE = as_python(sql_pattern("p_flow"))
 FLOW_VERSION_SQL_RE = as_python(sql_pattern("p_flow_version"))
-FLOW_REF_SQL_RE = as_python(sql_pattern("f"))  # claim_runs/register_worker, via _parse_flows
-CALL_ID_SQL_RE = as_python(sql_pattern("(v_call ->> 'call_id')"))
+FLOW_REF_SQL_RE = as_python(sql_pattern("f"))  # claim_runs_v4/register_worker_v2, via _parse_flows
+CALL_ID_SQL_RE = as_python(sql_pattern("(e.c ->> 'call_id')"))  # record_turn_v4
 
 # Characters the ids allow, and a selection of look-alikes they must not.
 ALLOWED = "abcxyzABCXYZ0189._:@-"

@@ -27,12 +27,17 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from runledger.db.execution import connect_error, is_connection_error, probe_blocking
-from runledger.errors import ConfigurationError, RunLedgerError
+from runledger.errors import ConfigurationError, RunLedgerError, SchemaTooOld
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
 _PACKAGE = Path(__file__).resolve().parent.parent
+
+# The revisions of the unreleased history that the baseline 0.1 replaced (as in
+# migrations/env.py): a database at one of them is behind; `runledger migrate` brings one
+# at 0032 to the baseline and refuses the others (SchemaTooOld).
+BEFORE_BASELINE = frozenset(f"{n:04d}" for n in range(1, 33))
 
 
 def migrations_dir() -> Path:
@@ -102,7 +107,7 @@ def behind(revision: str | None) -> bool:
     """True for a schema this code cannot work with until ``runledger migrate``: no revision,
     or one before the head. A revision this code does not know is a newer release's (two
     releases share a database during a rolling deploy): not behind."""
-    return revision is None or revision in revision_chain()[:-1]
+    return revision is None or revision in revision_chain()[:-1] or revision in BEFORE_BASELINE
 
 
 def _assigned(tree: ast.Module, name: str) -> str | None:
@@ -146,8 +151,12 @@ def revision_chain() -> tuple[str, ...]:
 
 
 def known(revision: str) -> bool:
-    """Whether this code has ``revision`` (a database ahead of the code has one it lacks)."""
+    """Whether this code has ``revision`` (a database ahead of the code has one it lacks),
+    or knows it as one the baseline replaced."""
     from alembic.script import ScriptDirectory
+
+    if revision in BEFORE_BASELINE:
+        return True
 
     script = ScriptDirectory.from_config(alembic_config(None))
     try:
@@ -187,14 +196,19 @@ def _mapped(url: str) -> Iterator[None]:
 def upgrade(url: str, revision: str = "head") -> None:
     """Upgrade to ``revision``. What Alembic or migrations/env.py refuse (a revision that
     does not exist; ``runledger.runs`` held past the wait of a revision that holds the
-    event writers) is a :class:`~runledger.errors.RunLedgerError` of one line."""
+    event writers) is a :class:`~runledger.errors.RunLedgerError` of one line; a database
+    at a revision older than the baseline can upgrade from, a
+    :class:`~runledger.errors.SchemaTooOld`."""
     from alembic import command
     from alembic.util import CommandError
 
+    cfg = alembic_config(url)
     with _mapped(url):
         try:
-            command.upgrade(alembic_config(url), revision)
+            command.upgrade(cfg, revision)
         except CommandError as exc:
+            if cfg.attributes.get("before_baseline"):
+                raise SchemaTooOld(str(exc)) from exc
             raise RunLedgerError(str(exc)) from exc
 
 

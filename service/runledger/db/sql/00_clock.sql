@@ -1,42 +1,40 @@
 -- runledger: the living SQL contract, the current schema by concern.
 --
--- These files are the schema as it is now; migrations/versions/ holds the frozen deltas
--- that bring an existing database here. A fresh install runs the files in name order
+-- These files are the schema as it is now, and the source of every revision in
+-- migrations/versions/ (CONTRIBUTING.md). A fresh install runs the files in name order
 -- (runledger.db.schema.install); tests/migrations/test_catalog.py proves that it and
--- `alembic upgrade head` give the same catalog. Change a function here AND in a new
--- revision, never in a merged one.
+-- `alembic upgrade head` give the same catalog. Change a function here AND in the open
+-- revision of the release, never in a released one.
 --
 --   00_clock.sql     schema runledger; settings (one row: payload cap, test clock offset,
 --                    JSON depth limit); runledger.now(), the only clock
 --   01_tables.sql    runs, run_turns, run_calls, run_events, workers, prune_authorizations,
---                    timelines and failover_runs (failover, 0010); event_checkpoints,
---                    event_checkpoint_heads, event_chain_prunes (the event chains, 0016);
+--                    timelines and failover_runs (failover); event_checkpoints,
+--                    event_checkpoint_heads, event_chain_prunes (the event chains);
 --                    their indexes
 --   02_helpers.sql   internal helpers, granted to no one: _raise; _cap (every cap on a text
 --                    or array argument); checks (_check_run_id, _check_text,
 --                    _check_worker_id, _check_lease, _check_flow, _check_json_depth,
 --                    _check_json_*, _check_word, _parse_flows); _event (an event row),
---                    _events and _event_rows (the events of one write in one INSERT,
---                    0028), _refuse_event_isolation (0028), _event_hash and
---                    _checkpoint_digest (the event chains, 0016);
---                    _notify_queued; locks (_lock_run, _lock_leased_run,
---                    _lock_leased_run_at (0019), _lock_call); _dispatch, _dispatch_each;
+--                    _events and _event_rows (the events of one write in one INSERT),
+--                    _refuse_event_isolation, _event_hash and _checkpoint_digest (the
+--                    event chains); _notify_queued; locks (_lock_run, _lock_leased_run,
+--                    _lock_leased_run_at, _lock_call); _dispatch, _dispatch_each;
 --                    timelines (_timeline, _token_floor)
 --   03_leases.sql    submit_run, submit_run_v2, _note_timeline (failover detection), _claim
---                    (the one body of the claims, 0020),
---                    _gone_sessions (session locks), claim_runs, claim_runs_v2,
---                    claim_runs_v3, claim_runs_v4, renew_leases, release_lease (3 and 5 arguments); worker registry:
---                    register_worker, register_worker_v2, heartbeat_listener,
---                    heartbeat_worker, report_stale_write; senders of calls in flight:
---                    _sender_until, call_sender, release_call (0031); the timeline the
---                    schema is installed on
---   04_journal.sql   checkpoint, record_turn, record_turn_v2, record_turn_v3, dispatch_call,
+--                    (the body of the claim), _gone_sessions (session locks),
+--                    claim_runs_v4, renew_leases, release_lease (3 and 5 arguments);
+--                    worker registry: _register_worker, register_worker_v2,
+--                    heartbeat_listener, heartbeat_worker, report_stale_write; senders of
+--                    calls in flight: _sender_until, call_sender, release_call; the
+--                    timeline the schema is installed on
+--   04_journal.sql   checkpoint, record_turn_v4, finish_and_claim, dispatch_call,
 --                    complete_call, complete_call_v2, complete_calls, finish_run
 --   05_operator.sql  resolve_call; approve_call, deny_call (human approval); cancel_run,
 --                    retry_run, prune_runs (retention); their helpers _requeue_if_settled
---                    and _lock_awaiting_call; checkpoint_events and checkpoint 0 (0016)
+--                    and _lock_awaiting_call; checkpoint_events and checkpoint 0
 --   06_wall.sql      the second wall: guard trigger functions, their triggers and the
---                    functions their WHEN clauses call (_tw_*, 0029), and
+--                    functions their WHEN clauses call (_tw_*), and
 --                    the pruning authorization (_prune_authorized) that prune_runs grants itself
 --   07_views.sql     audit views: run_timeline, effect_ledger, lease_history
 --   08_roles.sql     REVOKE from PUBLIC; roles runledger_worker, _operator, _auditor and
@@ -68,10 +66,10 @@ INSERT INTO runledger.settings DEFAULT VALUES;
 
 -- The clock: clock_timestamp() plus the test offset, read when it is called. VOLATILE:
 -- its query takes a new snapshot on each call under READ COMMITTED, so a lease check made
--- after a row lock sees an offset committed while it waited. Revision 0007: PL/pgSQL
--- without SET search_path. The SQL version could not be inlined (a subquery stops
--- inlining, and so does SET), so every call site parsed and planned its body again in
--- every transaction; PL/pgSQL plans its query once per session. Every name is
+-- after a row lock sees an offset committed while it waited. PL/pgSQL without SET
+-- search_path: a SQL function with a subquery (or a SET) is not inlined, so every call
+-- site would parse and plan its body again in every transaction; PL/pgSQL plans its
+-- query once per session. Every name is
 -- schema-qualified: it runs as its caller (not SECURITY DEFINER), with the caller's path.
 CREATE FUNCTION runledger.now() RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE

@@ -2,12 +2,12 @@
 -- Tables
 -- ---------------------------------------------------------------------------------
 
--- Revision 0027: the CHECK constraints of runs, run_turns, run_calls and run_events each
--- call a PL/pgSQL function of the columns they read, whose body is the constraint's
--- expression as before (the same name, the same rows accepted, the same error: SQLSTATE
--- 23514 naming the constraint). PostgreSQL 15 deserializes, simplifies and compiles the
--- expression of every CHECK of a table again at each INSERT or UPDATE statement, whichever
--- columns it sets: about a tenth of the backend's CPU per tool call went there. A function
+-- The CHECK constraints of runs, run_turns, run_calls and run_events each call a PL/pgSQL
+-- function of the columns they read, whose body is the constraint's expression (a
+-- violation is SQLSTATE 23514 naming the constraint). PostgreSQL 15 deserializes,
+-- simplifies and compiles the expression of every CHECK of a table again at each INSERT
+-- or UPDATE statement, whichever columns it sets: as inline expressions they cost about a
+-- tenth of the backend's CPU per tool call. A function
 -- call is a small node to read, and PL/pgSQL compiles its body once per session; what is
 -- left per row is the call. IMMUTABLE: they read nothing but their arguments. Granted to
 -- no one (the writers are the contract functions, run as the owner, and the owner).
@@ -166,11 +166,11 @@ CREATE TABLE runledger.runs (
     created_at timestamptz NOT NULL,
     updated_at timestamptz NOT NULL,
     finished_at timestamptz,
-    -- revision 0011: the session lock of the holder's listener (claim_runs stamps the
+    -- the session lock of the holder's listener (the claim stamps the
     -- claimer's workers.session_lock; NULL: none, the lease is taken over on expiry only).
     -- Meaningful while the run is running.
     lease_lock bigint,
-    -- revision 0017: the submitter's W3C trace context (submit_run_v2), which every
+    -- the submitter's W3C trace context (submit_run_v2), which every
     -- worker that drives the run continues; NULL: submitted without one
     traceparent text,
     CONSTRAINT pk_runs PRIMARY KEY (run_id),
@@ -185,21 +185,21 @@ CREATE TABLE runledger.runs (
     CONSTRAINT ck_runs_finished_at CHECK (runledger._ck_runs_finished_at(status, finished_at)),
     CONSTRAINT ck_runs_traceparent CHECK (runledger._ck_runs_traceparent(traceparent))
 )
--- room in each page for the updated row versions (revision 0009): most writes of a run
+-- room in each page for the updated row versions: most writes of a run
 -- leave its indexed columns alone and then stay heap-only (HOT) updates
 WITH (fillfactor = 80);
--- claim_runs' order: highest priority first, then oldest
+-- the claim's order: highest priority first, then oldest
 CREATE INDEX ix_runs_claimable ON runledger.runs (flow, flow_version, priority DESC, created_at)
     WHERE status IN ('queued', 'running');
 CREATE INDEX ix_runs_status ON runledger.runs (status);
 CREATE INDEX ix_runs_lease_expiry ON runledger.runs (lease_expires_at) WHERE status = 'running';
--- revision 0012: `runledger list`, newest first (created_at never changes: the row's
+-- `runledger list`, newest first (created_at never changes: the row's
 -- other updates stay heap-only)
 CREATE INDEX ix_runs_created_at ON runledger.runs (created_at, run_id);
--- revision 0014: retention in batches, the oldest finished runs first (prune_runs_v2);
+-- retention in batches, the oldest finished runs first (prune_runs_v2);
 -- finished_at is set once, with the change of status that rewrites the indexes anyway
 CREATE INDEX ix_runs_finished_at ON runledger.runs (finished_at) WHERE finished_at IS NOT NULL;
--- revision 0011: the distinct holder sessions of running runs (runledger._gone_sessions)
+-- the distinct holder sessions of running runs (runledger._gone_sessions)
 CREATE INDEX ix_runs_lease_lock ON runledger.runs (lease_lock)
     WHERE status = 'running' AND lease_lock IS NOT NULL;
 
@@ -209,8 +209,8 @@ CREATE TABLE runledger.run_turns (
     calls jsonb NOT NULL,
     fencing_token bigint NOT NULL,
     created_at timestamptz NOT NULL,
-    -- revision 0005 (record_turn_v2): the provider-native assistant message, verbatim, and
-    -- the final decision's output (the run's result); NULL for turns of record_turn
+    -- the provider-native assistant message, verbatim, and the final decision's output
+    -- (the run's result); NULL when the worker recorded none
     record jsonb,
     output jsonb,
     CONSTRAINT pk_run_turns PRIMARY KEY (run_id, turn),
@@ -245,10 +245,10 @@ CREATE TABLE runledger.run_calls (
     resolved_by text,
     resolved_at timestamptz,
     resolution_note text,
-    -- revision 0005: the model's own id for the call (record_turn_v2), to map its result
+    -- the model's own id for the call (record_turn_v4), to map its result
     -- back into the provider's messages; never part of the idempotency key
     provider_id text,
-    -- revision 0006: human approval. NULL: the call needs none; 'pending': recorded with
+    -- human approval. NULL: the call needs none; 'pending': recorded with
     -- "approval": true, not dispatched until a person approves it (approve_call) or denies
     -- it (deny_call: the call fails, never sent); who decided, when, and their note
     approval text,
@@ -270,9 +270,9 @@ CREATE TABLE runledger.run_calls (
     CONSTRAINT ck_run_calls_approval_decided CHECK (
         runledger._ck_run_calls_approval_decided(approval, approval_by, approval_at, approval_note))
 )
--- each call is updated two or three times, growing (its result): room for it (0009)
+-- each call is updated two or three times, growing (its result): room for it
 WITH (fillfactor = 80);
--- No index on status (revision 0009 dropped ix_run_calls_open): a call's status changes
+-- No index on status (nor a partial index of open calls): a call's status changes
 -- two or three times, and an index on it, or a predicate naming it, makes every change a
 -- new index entry in each index instead of a heap-only (HOT) update. A run's open calls
 -- are found through the primary key (run_id first); the open calls of all runs through
@@ -287,9 +287,9 @@ CREATE TABLE runledger.run_events (
     fencing_token bigint,
     state_version bigint,
     detail jsonb NOT NULL DEFAULT '{}'::jsonb,
-    -- revision 0016: the link of the run's hash chain (runledger._event_hash over the run's
-    -- previous event's hash and this event's columns). NULL only for the events written
-    -- before 0016 (event_id <= checkpoint 0's through_event_id). See docs/audit.md.
+    -- the link of the run's hash chain (runledger._event_hash over the run's previous
+    -- event's hash and this event's columns). NULL only for the events written before the
+    -- chain began (event_id <= checkpoint 0's through_event_id). See docs/audit.md.
     hash bytea,
     CONSTRAINT pk_run_events PRIMARY KEY (event_id),
     CONSTRAINT ck_run_events_hash CHECK (runledger._ck_run_events_hash(hash))
@@ -297,13 +297,14 @@ CREATE TABLE runledger.run_events (
 -- No foreign key: events outlive their run when prune_runs(..., keep_events => true).
 CREATE INDEX ix_run_events_run_id ON runledger.run_events (run_id, event_id);
 
--- Revision 0016: checkpoints of the event chains. A checkpoint is made with no event
+-- Checkpoints of the event chains. A checkpoint is made with no event
 -- write in flight (runledger.checkpoint_events): every event up to through_event_id had
 -- committed, and each run with an event after the previous checkpoint's through_event_id
 -- has its head (its last event then) in event_checkpoint_heads. digest chains the
 -- checkpoints: runledger._checkpoint_digest over the previous digest, this checkpoint's
 -- id and through_event_id, and its heads. Checkpoint 0 is written by the schema itself:
--- the events up to its through_event_id were written before 0016 and carry no hash.
+-- the events up to its through_event_id were written before the chain began and carry
+-- no hash.
 -- Append-only (06_wall.sql); an auditor who keeps a digest outside the database can tell
 -- a rewritten history from the true one (runledger audit --expect).
 CREATE TABLE runledger.event_checkpoints (
@@ -326,7 +327,7 @@ CREATE TABLE runledger.event_checkpoint_heads (
     CONSTRAINT fk_event_checkpoint_heads_checkpoint_id_event_checkpoints FOREIGN KEY (checkpoint_id)
         REFERENCES runledger.event_checkpoints (checkpoint_id)
 );
--- Revision 0016: the chains prune_runs deleted (with keep events false), one row per run:
+-- The chains prune_runs deleted (with keep events false), one row per run:
 -- its last event and that event's hash. A checkpoint head of such a run is not missing
 -- but pruned. Written only by prune_runs (the pruning authorization); append-only.
 CREATE TABLE runledger.event_chain_prunes (
@@ -335,7 +336,7 @@ CREATE TABLE runledger.event_chain_prunes (
     last_hash bytea,
     events integer NOT NULL,
     pruned_at timestamptz NOT NULL,
-    pruned_by text,  -- revision 0024: the database login (NULL: pruned before 0024)
+    pruned_by text,  -- the database login (NULL: not recorded)
     CONSTRAINT pk_event_chain_prunes PRIMARY KEY (run_id, last_event_id)
 );
 
@@ -347,23 +348,23 @@ CREATE TABLE runledger.workers (
     started_at timestamptz NOT NULL,
     heartbeat_at timestamptz NOT NULL,
     stopped_at timestamptz,
-    -- the database session that registered: register_worker refuses the id to another
-    -- session while this one is alive (NULL: registered before revision 0003, or, since
-    -- revision 0032, without a session of its own: then silent_after rules)
+    -- the database session that registered: register_worker_v2 refuses the id to
+    -- another session while this one is alive (NULL: registered without a session of its
+    -- own, and then silent_after rules; or registered without either)
     session_pid integer,
     session_started_at timestamptz,
-    -- revision 0011: the key of the session-level advisory lock the registering session
+    -- the key of the session-level advisory lock the registering session
     -- holds (register_worker_v2), minted for that session; NULL: none
     session_lock bigint,
-    -- revision 0031: the worker's process as its host names it, for a peer on the same
+    -- the worker's process as its host names it, for a peer on the same
     -- host to tell whether that process is gone (runledger.worker.liveness); NULL: unknown
     -- (registered without it), and then its death is never certain
     process text,
-    -- revision 0032: a random id its process minted when it started, which the same
+    -- a random id its process minted when it started, which the same
     -- process presents when it registers again (its listener reconnected) and with each
     -- heartbeat; NULL: registered without it
     incarnation uuid,
-    -- revision 0032: how long it may go without a heartbeat before it counts as gone (its
+    -- how long it may go without a heartbeat before it counts as gone (its
     -- lease: three missed heartbeats). A worker registered without a session of its own
     -- (through a pooler: session_pid NULL) holds its id until it stops or is silent
     -- that long; NULL: not given
@@ -380,8 +381,8 @@ CREATE TABLE runledger.prune_authorizations (
     CONSTRAINT pk_prune_authorizations PRIMARY KEY (txid)
 );
 
--- Revision 0010 (failover): the timelines this database was seen on, in the order the
--- schema saw them (position 1: where it was installed or migrated to 0010). A row is
+-- Failover: the timelines this database was seen on, in the order the schema saw them
+-- (position 1: where it was installed). A row is
 -- added by the first claim that finds the server on another timeline than the last row
 -- says: a promotion (or a restore) that may have lost commits. It records what survived
 -- (the last event, the greatest token, the last commit replayed before the promotion) and
@@ -400,7 +401,7 @@ CREATE TABLE runledger.timelines (
     CONSTRAINT ck_timelines_timeline CHECK (timeline >= 1)
 );
 
--- Revision 0010: each run that was unfinished when a failover was detected, as it was
+-- Each run that was unfinished when a failover was detected, as it was
 -- then. Calls of `turn` and later turns that were never dispatched on this timeline may
 -- still have been sent on the lost one: the worker recovers them by safety class before
 -- it sends them (docs/failover.md). marked_calls: planned calls that the detection marked

@@ -1,7 +1,7 @@
 -- ---------------------------------------------------------------------------------
 -- Helpers (not granted to anyone: only the SECURITY DEFINER functions call them)
 -- ---------------------------------------------------------------------------------
--- Revision 0007: no helper has SET search_path (nor has runledger.now()). A SET costs on
+-- No helper has SET search_path (nor has runledger.now()). A SET costs on
 -- every call (the path is set and restored, and its cached lookups recomputed) and it
 -- keeps a SQL function from being inlined. It is safe to leave out here because:
 --   * a function without SET runs with its caller's search_path;
@@ -103,7 +103,7 @@ END
 $$;
 
 -- A flow name and version, as submit_run takes them. A flow reference 'name@version'
--- (claim_runs, register_worker) is checked by _parse_flows below.
+-- (claim_runs_v4, register_worker_v2) is checked by _parse_flows below.
 CREATE FUNCTION runledger._check_flow(p_flow text, p_flow_version text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -144,7 +144,7 @@ $$;
 -- JSON arguments: four named checks instead of two bare booleans. Each one refuses what
 -- its name excludes (null, a non-object), then a payload over settings.max_payload_bytes,
 -- then one nested deeper than settings.max_json_depth. p_wrap: levels of the contract's
--- own structure around the values a caller nests (record_turn's array and call objects
+-- own structure around the values a caller nests (record_turn_v4's array and call objects
 -- around each call's args: 2), allowed on top of the limit.
 CREATE FUNCTION runledger._check_json_value_or_null(p_what text, p_value jsonb,
                                                     p_wrap integer DEFAULT 0) RETURNS void
@@ -163,7 +163,7 @@ BEGIN
     v_text := p_value::text;
     v_size := octet_length(v_text);
     v_open := v_size - octet_length(translate(v_text, '{[', ''));
-    -- Revision 0028: a value that no setting allowed by the settings' CHECKs can refuse
+    -- A value that no setting allowed by the settings' CHECKs can refuse
     -- (under 1024 bytes, the least max_payload_bytes; at most 1 + p_wrap opening brackets,
     -- the least depth: max_json_depth >= 1) needs no read of the settings.
     IF v_size < 1024 AND v_open <= 1 + p_wrap THEN
@@ -178,8 +178,8 @@ BEGIN
     v_depth := coalesce(v_depth, 64) + p_wrap;
     -- A value deeper than v_depth has a container at level v_depth inside v_depth others:
     -- at least 2 * (v_depth + 1) characters of brackets. A shorter text cannot be too deep,
-    -- so the walk is skipped (revision 0007); the result is the same. Revision 0019: nor
-    -- can a text with at most v_depth opening brackets ('{' and '[', in strings too: one
+    -- so the walk is skipped; the result is the same. Nor can a text with
+    -- at most v_depth opening brackets ('{' and '[', in strings too: one
     -- for each object and array and maybe more), which the walk would cost far more to
     -- find.
     IF v_size >= 2 * (v_depth + 1) AND v_open > v_depth THEN
@@ -268,8 +268,8 @@ $$;
 
 -- -- writes every function shares -----------------------------------------------------
 
--- Revision 0016: the link of an event in its run's hash chain. sha256 over the previous
--- event's hash (none for a run's first event, or the first after revision 0016) and the
+-- The link of an event in its run's hash chain. sha256 over the previous
+-- event's hash (none for a run's first event, or the first after the chain began) and the
 -- event's columns as one JSON array: [event_id, run_id, at in microseconds since the
 -- epoch, kind, actor, fencing_token, state_version, detail]. jsonb's text form is
 -- canonical (keys sorted, one spelling of each number) and the time is an integer, so the
@@ -287,7 +287,7 @@ AS $$
                 p_kind, p_actor, p_fencing_token, p_state_version, p_detail)::text, 'UTF8'))
 $$;
 
--- Revision 0016: a checkpoint's digest, chained over the previous one. heads: the
+-- A checkpoint's digest, chained over the previous one. heads: the
 -- checkpoint's heads as 'run_id event_id hash-hex' lines in run_id order, joined by
 -- newlines (see runledger.checkpoint_events).
 CREATE FUNCTION runledger._checkpoint_digest(p_previous bytea, p_checkpoint_id bigint,
@@ -301,8 +301,8 @@ AS $$
             || coalesce(p_heads, ''), 'UTF8'))
 $$;
 
--- Revision 0028: the refusal of an event written to a run's chain outside READ COMMITTED
--- (revision 0023, see _event), for _event and _events alike; called only to refuse.
+-- The refusal of an event written to a run's chain outside READ COMMITTED
+-- (see _event), for _event and _events alike; called only to refuse.
 CREATE FUNCTION runledger._refuse_event_isolation(p_run_id text) RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -317,32 +317,31 @@ BEGIN
 END
 $$;
 
--- One of the two INSERTs into run_events (the other is _events, revision 0028: the events
--- of one write together). Callers pass the event kind as a literal, so a grep for it finds
+-- One of the two INSERTs into run_events (the other is _events: the events of one write
+-- together). Callers pass the event kind as a literal, so a grep for it finds
 -- the writer. p_at: the function's one reading of the clock when the event belongs to a
 -- set-based statement (claims, renewals); otherwise the clock now.
--- PL/pgSQL since revision 0007: a SQL function that is not inlined (an INSERT never is)
+-- PL/pgSQL: a SQL function that is not inlined (an INSERT never is)
 -- parses and plans its body at every call site in every transaction; PL/pgSQL plans the
 -- INSERT once per session.
--- Revision 0015: an event that changes what an operator sees of a run (not the per-call
+-- An event that changes what an operator sees of a run (not the per-call
 -- and per-turn ones) is also sent on NOTIFY channel runledger_events, payload
 -- '<event_id> <run_id> <kind>', at commit (a rolled-back event sends nothing). Nor
 -- 'claimed': a commit that notifies wakes every listening session of the database (each
 -- worker's listener reads the queue in a transaction of its own), and a claim's commit
 -- notifies nothing else; a run's end, a pause or an operator's act is what is sent.
 -- 'submitted' costs no wake-up: its commit wakes the claimers (runledger_runs) anyway.
--- Revision 0016: the event carries its link in the run's hash chain.
--- Revision 0025: one run's events are appended one at a time under the run's row lock,
+-- The event carries its link in the run's hash chain.
+-- One run's events are appended one at a time under the run's row lock,
 -- which every writer of them holds before it calls this function (FOR NO KEY UPDATE or
 -- stronger, taken in an earlier statement; or the run row inserted by its own
 -- transaction: submit_run's first event): the leased writes (_lock_leased_run_at), the
 -- claims and the failover marking (their locking statements), the operator functions
 -- (_lock_run), renew_leases and report_stale_write, as every writer of a run's calls
--- already did. The lock was taken in an earlier statement, so under READ COMMITTED the
--- SELECT below takes a snapshot newer than it and reads the run's true last event.
--- Before 0025 the writer locked the last event row itself (FOR UPDATE, then a check
--- that it was still the last, revision 0021): a heap lock and a WAL record per event,
--- on top of the run's, for the same order. The event id is drawn inside the INSERT,
+-- does. The lock was taken in an earlier statement, so under READ COMMITTED the
+-- SELECT below takes a snapshot newer than it and reads the run's true last event; no
+-- lock of the last event row is needed (it would be a heap lock and a WAL record per
+-- event on top of the run's, for the same order). The event id is drawn inside the INSERT,
 -- after its table lock: runledger.checkpoint_events, which takes the table in SHARE mode,
 -- never misses an id drawn before it and inserted after it. A row lock takes no slot in
 -- the lock table, so a failover that marks a million runs writes their events in one
@@ -360,7 +359,7 @@ DECLARE
 BEGIN
     SELECT e.hash INTO v_previous FROM runledger.run_events e
     WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
-    -- Revision 0023: the SELECT above needs a snapshot newer than the run's lock, which
+    -- The SELECT above needs a snapshot newer than the run's lock, which
     -- only READ COMMITTED (and READ UNCOMMITTED, the same in PostgreSQL) takes. Under
     -- REPEATABLE READ or SERIALIZABLE it reads the transaction's first snapshot: an event
     -- committed since is not seen, and the new one would chain to the same event as it (a
@@ -385,7 +384,7 @@ BEGIN
 END
 $$;
 
--- Revision 0028: the events of one write in one INSERT. _event appends one event per
+-- The events of one write in one INSERT. _event appends one event per
 -- statement: a SELECT of the run's last hash, then an INSERT with its own statement set-up
 -- (the table's CHECK, its two indexes). The writes that append two or more events of a run
 -- together (complete_call_v2 with the next call's dispatch, record_turn_v4: the checkpoint,
@@ -444,7 +443,7 @@ BEGIN
     END IF;
     SELECT e.hash INTO v_previous FROM runledger.run_events e
     WHERE e.run_id = p_run_id ORDER BY e.event_id DESC LIMIT 1;
-    -- as _event (revision 0023), for each event after the first
+    -- as _event, for each event after the first
     IF (FOUND OR cardinality(p_kinds) > 1)
        AND pg_catalog.current_setting('transaction_isolation')
            IN ('repeatable read', 'serializable') THEN
@@ -484,7 +483,7 @@ AS $$
 DECLARE
     r runledger.runs;
 BEGIN
-    -- The id is checked only when no row matched (revision 0007): every stored run_id
+    -- The id is checked only when no row matched: every stored run_id
     -- passes the same rule (ck_runs_run_id), so a row found means a valid id, and an
     -- invalid one (NULL too) matches no row and waits on no lock. RL006 still comes before
     -- RL003, as before.
@@ -497,7 +496,7 @@ BEGIN
 END
 $$;
 
--- Revision 0019: the lease check and the clock reading it made after the lock, for the
+-- The lease check and the clock reading it made after the lock, for the
 -- callers that use the time as well: one reading per transaction instead of a second
 -- runledger.now() right after it (the same semantics: the clock is read once the row lock
 -- is held). _lock_leased_run is this function's run row.
@@ -507,7 +506,7 @@ CREATE FUNCTION runledger._lock_leased_run_at(p_run_id text, p_lease_id uuid,
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    -- _lock_run, inline (revision 0007): one indexed SELECT ... FOR NO KEY UPDATE
+    -- _lock_run, inline: one indexed SELECT ... FOR NO KEY UPDATE
     SELECT * INTO r FROM runledger.runs x WHERE x.run_id = p_run_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         PERFORM runledger._check_run_id(p_run_id);
@@ -537,7 +536,7 @@ BEGIN
                    coalesce(r.lease_owner, 'nobody'), r.lease_expires_at, at),
             'renew leases more often than the lease length; the run will be claimed again');
     END IF;
-    -- Revision 0010: a lease is good only on the timeline that granted it. After a
+    -- A lease is good only on the timeline that granted it. After a
     -- promotion its token is at most the new timeline's floor (claims grant more), even
     -- before a claim has recorded the failover and ended the old leases.
     IF p_fencing_token <= runledger._token_floor() THEN
@@ -553,7 +552,7 @@ $$;
 
 -- Lock the run row, then check that (lease_id, fencing_token) is its current,
 -- unexpired lease by the database clock read after the lock. Every worker write starts
--- here. Since revision 0019 the run row of _lock_leased_run_at (one body for both).
+-- here. The run row of _lock_leased_run_at (one body for both).
 CREATE FUNCTION runledger._lock_leased_run(p_run_id text, p_lease_id uuid, p_fencing_token bigint)
 RETURNS runledger.runs
 LANGUAGE sql
@@ -567,7 +566,7 @@ AS $$
 DECLARE
     c runledger.run_calls;
 BEGIN
-    -- _check_text's rule, tested here first so that a valid key costs no call (0007)
+    -- _check_text's rule, tested here first so that a valid key costs no call
     IF p_key IS NULL OR length(p_key) < 1 OR length(p_key) > runledger._cap('idempotency_key') THEN
         PERFORM runledger._check_text('idempotency key', p_key, 1,
                                       runledger._cap('idempotency_key'));
@@ -581,21 +580,21 @@ BEGIN
 END
 $$;
 
--- The dispatch of one call of a locked, leased run (revision 0009): dispatch_call,
+-- The dispatch of one call of a locked, leased run: dispatch_call,
 -- complete_call_v2 (the next call) and record_turn_v4 (the first calls of a decision) call
--- it after their lease check, with the clock they read after the lock. Revision 0021:
+-- it after their lease check, with the clock they read after the lock.
 -- complete_call_v2 and record_turn_v4 write the same row themselves in their common case
 -- (in the UPDATE of the completed call; in the INSERT of the decision's calls) and call
 -- this function otherwise: a change here is a change there too. It refuses a call that
 -- cannot be sent (final, unknown, awaiting approval), marks it dispatched under the token
 -- and writes its call_dispatched event. Returns the attempt number.
--- Revision 0019: one UPDATE ... RETURNING instead of SELECT ... FOR UPDATE and an UPDATE
+-- One UPDATE ... RETURNING instead of SELECT ... FOR UPDATE and an UPDATE
 -- of the same row (the lock was one more heap write and WAL record). The self-join reads
 -- the status before the update (the event's previous_status): the row read is the row
 -- updated, since every writer of a run's calls holds the run's row lock first (leased
 -- writes, claims' failover marking, the operator functions via _lock_run), and the caller
 -- holds it. Only when no row matched does the slow path lock and read the call, to refuse
--- it with the exact error as before (a key that is invalid or of another run matches none).
+-- it with the exact error (a key that is invalid or of another run matches none).
 -- The run is compared with IS NOT DISTINCT FROM (run_id is NOT NULL: the same test) so
 -- that it is a filter: the row is found by its key's unique index, as _lock_call finds
 -- it, never by a scan of the run's calls through the primary key.
@@ -641,7 +640,7 @@ BEGIN
                        p_key, p_key));
         END IF;
         -- not reached while every writer of the run's calls holds the run's lock (a call
-        -- that passes the checks matched the UPDATE): the write as before 0019
+        -- that passes the checks matched the UPDATE): the write, after the lock
         UPDATE runledger.run_calls
         SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
             dispatched_by = p_owner, dispatched_at = p_now
@@ -652,7 +651,7 @@ BEGIN
         v_previous := c.status;
         v_sender := c.dispatched_token;
     END IF;
-    -- Revision 0031: a call an earlier holder sent, with no answer journaled, is sent
+    -- A call an earlier holder sent, with no answer journaled, is sent
     -- again only once that sender can no longer be sending it (runledger._sender_until);
     -- the refusal undoes the UPDATE above.
     IF v_previous = 'dispatched' AND v_sender < p_fencing_token THEN
@@ -694,7 +693,7 @@ BEGIN
 END
 $$;
 
--- -- timelines (revision 0010) ---------------------------------------------------------
+-- -- timelines ---------------------------------------------------------
 
 -- The server's timeline: that of the WAL it writes now, from the name of the current WAL
 -- file (a primary's new timeline shows there at once after a promotion, whereas

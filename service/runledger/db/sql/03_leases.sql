@@ -2,7 +2,7 @@
 -- Leases: submit, claim, renew, release; the worker registry
 -- ---------------------------------------------------------------------------------
 
--- submit_run_v2 (revision 0017): submit_run, and the W3C trace context of the submitter
+-- submit_run_v2: submit_run, and the W3C trace context of the submitter
 -- (p_traceparent, 'version-trace_id-parent_id-flags', version 00, lowercase hex; NULL:
 -- none), stored on the run: every worker that drives the run continues that trace
 -- (docs/operating.md, Tracing). A malformed one is refused (RL006) before anything is
@@ -69,7 +69,7 @@ BEGIN
 END
 $$;
 
--- submit_run: submit_run_v2 without a trace context (revision 0017: a wrapper of it).
+-- submit_run: submit_run_v2 without a trace context (a wrapper of it).
 CREATE FUNCTION runledger.submit_run(p_run_id text, p_flow text, p_flow_version text,
                                      p_input jsonb, p_priority int DEFAULT 0,
                                      p_available_at timestamptz DEFAULT NULL)
@@ -82,7 +82,7 @@ AS $$
                                  p_available_at, NULL) s
 $$;
 
--- Revision 0010 (failover). The current timeline, recorded: when the server is on another
+-- Failover. The current timeline, recorded: when the server is on another
 -- timeline than the last one runledger.timelines names (a promoted standby, or a restore),
 -- the first claim to see it records the new timeline and, for every run that was not
 -- finished, what may have been lost with the commits of the old one (docs/failover.md):
@@ -146,7 +146,7 @@ BEGIN
           AND c.approval IS DISTINCT FROM 'pending'
         RETURNING c.run_id, c.idempotency_key
     ), ended AS (
-        -- Revision 0011: not taken over at once. The holder, cut off with the old primary,
+        -- Not taken over at once. The holder, cut off with the old primary,
         -- may still have a call in flight at a provider; it fences itself within its
         -- listener's budget (5 s), so the run waits 10 s before anyone claims it, and a
         -- lookup by the next holder then sees that call's effect. Its session lock is
@@ -194,7 +194,7 @@ BEGIN
 END
 $$;
 
--- Session locks (revision 0011). A worker holds a session-level advisory lock on its
+-- Session locks. A worker holds a session-level advisory lock on its
 -- listener connection, under a random key minted for that session (workers.session_lock),
 -- and each claim stamps the claimer's key on the run (runs.lease_lock). When the session
 -- ends (the process died and the kernel closed its socket, or the server dropped the
@@ -231,9 +231,8 @@ BEGIN
 END
 $$;
 
--- Revision 0020: the one body of the claim, which claim_runs and claim_runs_v2, v3 and v4
--- select their columns from (internal, granted to no one, like every helper; each of those
--- is a SQL wrapper). p_read: with each run the worker's per-run read (the journal unless
+-- The one body of the claim, which claim_runs_v4 and finish_and_claim select their
+-- columns from (internal, granted to no one, like every helper). p_read: with each run the worker's per-run read (the journal unless
 -- the run is stalled, failover_turn), in the claim statement itself; without it those
 -- columns are NULL and nothing more is read.
 CREATE FUNCTION runledger._claim(p_worker_id text, p_flows text[], p_lease interval,
@@ -251,13 +250,12 @@ DECLARE
     v_claim record;
     v_timeline integer;
     v_floor bigint;
-    -- session locks (revision 0011): the claimer's listener-session lock, stamped on each
+    -- session locks: the claimer's listener-session lock, stamped on each
     -- run it claims; the locks of holder sessions that ended (their runs are taken over
     -- before their leases expire)
     v_lock bigint;
     v_gone bigint[] := '{}';
-    -- revision 0020: the planner settings of the claim statement, restored after it (two
-    -- more since 0022)
+    -- the planner settings of the claim statement, restored after it
     v_plan_cache_mode text := pg_catalog.current_setting('plan_cache_mode');
     v_jit text := pg_catalog.current_setting('jit');
     v_seqscan text := pg_catalog.current_setting('enable_seqscan');
@@ -270,14 +268,14 @@ BEGIN
         PERFORM runledger._raise('RL006', 'max runs must be 0-10000', NULL, NULL);
     END IF;
     v_flows := runledger._parse_flows(p_flows);
-    -- failover (revision 0010): the token floor of this timeline, once it is recorded
+    -- failover: the token floor of this timeline, once it is recorded
     v_timeline := runledger._timeline();
     v_floor := (v_timeline - 1)::bigint << 32;  -- runledger._token_floor()
     IF (SELECT t.timeline FROM runledger.timelines t ORDER BY t.position DESC LIMIT 1)
        IS DISTINCT FROM v_timeline THEN
         PERFORM runledger._note_timeline(p_worker_id, v_now);
     END IF;
-    -- session locks (revision 0011)
+    -- session locks
     SELECT w.session_lock INTO v_lock FROM runledger.workers w
     WHERE w.worker_id = p_worker_id AND w.stopped_at IS NULL;
     -- A claimer whose own listener session has ended claims nothing: its process died
@@ -304,7 +302,7 @@ BEGIN
     -- the cost does not grow with the backlog. The locking SELECT then re-states the
     -- whole condition and skips rows other claimers hold. The statement runs to completion
     -- (it modifies rows) before the loop below logs each claim.
-    -- Revision 0020: the statement is planned once per session, not at every call. With
+    -- The statement is planned once per session, not at every call. With
     -- its parameters known (the clock, the limits, the gone sessions' keys) the planner's
     -- estimate of a custom plan always beats that of the generic one, so the plan cache
     -- planned it anew each time: ~0.9 ms of planning for ~0.3 ms of work. The generic
@@ -314,7 +312,7 @@ BEGIN
     -- on, and compiling it would cost ~70 ms a claim for well under a millisecond of work.
     -- Set for the transaction (the function's own SET clause is the search path alone, as
     -- every contract function's) and put back after the loop; an error undoes it anyway.
-    -- Revision 0022: and planned without sequential or bitmap scans. A generic plan is
+    -- And planned without sequential or bitmap scans. A generic plan is
     -- built from the statistics of the moment: a backlog submitted in one burst and
     -- claimed before autovacuum has analyzed runs got a plan that read the candidates
     -- through a bitmap of every claimable row, filtered by id (every queued run read at
@@ -341,7 +339,7 @@ BEGIN
             LIMIT p_max_runs * 4 + 32
         ) q
     ), expired AS (
-        -- Revision 0030: the flow is compared through an expression (c.flow || ''), which
+        -- The flow is compared through an expression (c.flow || ''), which
         -- no index has: this scan can only go through ix_runs_lease_expiry (and orphaned
         -- below through ix_runs_lease_lock). With the plain columns, a generic plan built
         -- without statistics (a burst claimed before autovacuum's analyze) went through
@@ -352,7 +350,7 @@ BEGIN
         WHERE c.status = 'running' AND c.lease_expires_at <= v_now
         ORDER BY c.lease_expires_at
         LIMIT p_max_runs * 4 + 32
-    ), orphaned AS (  -- session locks (revision 0011): the holder's session ended
+    ), orphaned AS (  -- session locks: the holder's session ended
         SELECT c.run_id FROM runledger.runs c
         JOIN pinned p ON p.name = (c.flow || '') AND p.version = (c.flow_version || '')
         WHERE c.status = 'running' AND c.lease_lock = ANY (v_gone)
@@ -365,7 +363,7 @@ BEGIN
         WHERE c.run_id = ANY (ARRAY(SELECT x.run_id FROM queued x
                                     UNION ALL SELECT y.run_id FROM expired y
                                     UNION ALL SELECT z.run_id FROM orphaned z))
-          -- the claimable condition as a CASE (revision 0022): see above
+          -- the claimable condition as a CASE: see above
           AND CASE c.status WHEN 'queued' THEN c.available_at <= v_now
                               WHEN 'running' THEN c.lease_expires_at <= v_now
                                                   OR c.lease_lock = ANY (v_gone)
@@ -376,17 +374,17 @@ BEGIN
     ), claimed AS (
         UPDATE runledger.runs r
         SET status = 'running',
-            fencing_token = greatest(r.fencing_token + 1, v_floor + 1),  -- revision 0010
+            fencing_token = greatest(r.fencing_token + 1, v_floor + 1),  -- failover floor
             lease_id = gen_random_uuid(),
             lease_owner = p_worker_id,
             lease_expires_at = v_now + p_lease,
             claims = r.claims + 1,
             stalled_claims = r.stalled_claims + 1,
             updated_at = v_now,
-            lease_lock = v_lock  -- session locks (revision 0011)
+            lease_lock = v_lock  -- session locks
         FROM candidates c
         WHERE r.run_id = c.run_id
-          -- the claimable condition as a CASE (revision 0022): see above
+          -- the claimable condition as a CASE: see above
           AND CASE r.status WHEN 'queued' THEN r.available_at <= v_now
                               WHEN 'running' THEN r.lease_expires_at <= v_now
                                                   OR r.lease_lock = ANY (v_gone)
@@ -396,7 +394,7 @@ BEGIN
                   (c.old_status = 'running') AS takeover, c.old_owner, c.old_token,
                   c.old_expires_at, r.stalled_claims, r.traceparent
     )
-    -- what claim_runs_v2, v3 and v4 read per run after claim_runs: the claim writes no
+    -- the worker's per-run read (p_read): the claim writes no
     -- turn, call or failover row, so the statement's own snapshot has them as they are
     SELECT k.run_id, k.flow, k.flow_version, k.input, k.state, k.state_version,
            k.fencing_token, k.lease_id, k.lease_expires_at, k.takeover, k.old_owner, k.old_token,
@@ -415,7 +413,7 @@ BEGIN
     FROM claimed k
     LOOP
         IF v_claim.takeover THEN
-            -- holder: why the run could be taken, 'expired' or (revision 0011)
+            -- holder: why the run could be taken, 'expired' or
             -- 'session_ended' (the lease still ran, the holder's session had ended)
             PERFORM runledger._event(v_claim.run_id, 'takeover', p_worker_id,
                 v_claim.fencing_token, v_claim.state_version,
@@ -458,68 +456,20 @@ BEGIN
 END
 $$;
 
--- The claim (runledger._claim) without the worker's per-run read.
-CREATE FUNCTION runledger.claim_runs(p_worker_id text, p_flows text[], p_lease interval,
-                                     p_max_runs int)
-RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
-               state_version bigint, fencing_token bigint, lease_id uuid,
-               lease_expires_at timestamptz, takeover boolean)
-LANGUAGE sql SECURITY DEFINER
-SET search_path = pg_catalog, runledger, pg_temp
-AS $$
-    SELECT c.run_id, c.flow, c.flow_version, c.input, c.state, c.state_version, c.fencing_token,
-           c.lease_id, c.lease_expires_at, c.takeover
-    FROM runledger._claim(p_worker_id, p_flows, p_lease, p_max_runs, false) c
-$$;
-
--- claim_runs_v2 (revision 0008): claim_runs, and with each claimed run what the worker
--- needs before its first step, so that it reads nothing else: the stalled-claim count and
--- the journal (turns with their record and output, calls with every column), as
--- load_journal reads it. A run claimed again without progress (stalled_claims > 1) comes
+-- claim_runs_v4: the claim. Up to p_max_runs runs of p_flows ('name@version') that are
+-- queued and available, or running with an expired lease or a holder session that ended,
+-- each leased to p_worker_id for p_lease under a new fencing token. With each claimed run
+-- what the worker needs before its first step, so that it reads nothing else: the
+-- stalled-claim count and the journal (turns with their record and output, calls with
+-- every column); failover_turn, the earliest turn from which a failover
+-- (runledger.failover_runs) makes its never-dispatched calls suspect of having been sent
+-- on a lost timeline (NULL for a run no failover affected); and traceparent, the
+-- submitter's W3C trace context (NULL when it was submitted without one), which the
+-- worker continues. A run claimed again without progress (stalled_claims > 1) comes
 -- without its journal (turns and calls NULL): a journal that kills the worker while it is
 -- decoded must not keep the worker from giving up on the run first (crash_loop), so the
--- worker loads that one itself, after its check. claim_runs stays for workers of the
--- previous release.
-CREATE FUNCTION runledger.claim_runs_v2(p_worker_id text, p_flows text[], p_lease interval,
-                                        p_max_runs int)
-RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
-               state_version bigint, fencing_token bigint, lease_id uuid,
-               lease_expires_at timestamptz, takeover boolean, stalled_claims integer,
-               turns json, calls json)
-LANGUAGE sql SECURITY DEFINER
-SET search_path = pg_catalog, runledger, pg_temp
-AS $$
-    SELECT c.run_id, c.flow, c.flow_version, c.input, c.state, c.state_version, c.fencing_token,
-           c.lease_id, c.lease_expires_at, c.takeover, c.stalled_claims, c.turns, c.calls
-    FROM runledger._claim(p_worker_id, p_flows, p_lease, p_max_runs, true) c
-$$;
-
--- claim_runs_v3 (revision 0010): claim_runs_v2, and with each run failover_turn: the
--- earliest turn from which a failover (runledger.failover_runs) makes its never-dispatched
--- calls suspect of having been sent on a lost timeline, NULL for a run no failover
--- affected. claim_runs_v2 stays for workers of the previous release. Since revision 0020
--- each of claim_runs and claim_runs_v2, v3, v4 is a selection of runledger._claim's columns.
-CREATE FUNCTION runledger.claim_runs_v3(p_worker_id text, p_flows text[], p_lease interval,
-                                        p_max_runs int)
-RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
-               state_version bigint, fencing_token bigint, lease_id uuid,
-               lease_expires_at timestamptz, takeover boolean, stalled_claims integer,
-               turns json, calls json, failover_turn integer)
-LANGUAGE sql SECURITY DEFINER
-SET search_path = pg_catalog, runledger, pg_temp
-AS $$
-    SELECT c.run_id, c.flow, c.flow_version, c.input, c.state, c.state_version, c.fencing_token,
-           c.lease_id, c.lease_expires_at, c.takeover, c.stalled_claims, c.turns, c.calls,
-           c.failover_turn
-    FROM runledger._claim(p_worker_id, p_flows, p_lease, p_max_runs, true) c
-$$;
-
--- claim_runs_v4 (revision 0017): claim_runs_v3, and with each run its traceparent (the
--- submitter's W3C trace context, NULL when it was submitted without one): the worker
--- continues the run's trace with no read after the claim. claim_runs_v3's body with one
--- more column in its per-run read. claim_runs_v3 stays for workers of the previous release.
--- Revision 0020: the per-run read is in the claim statement itself (runledger._claim), not
--- a statement per run after claim_runs.
+-- worker loads that one itself, after its check. The per-run read is in the claim
+-- statement itself (runledger._claim).
 CREATE FUNCTION runledger.claim_runs_v4(p_worker_id text, p_flows text[], p_lease interval,
                                         p_max_runs int)
 RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,
@@ -546,7 +496,7 @@ DECLARE
     v_now timestamptz := runledger.now();
     v_row record;
     v_run_id text;
-    -- revision 0010: a lease of an earlier timeline is not renewed (its writes are refused)
+    -- a lease of an earlier timeline is not renewed (its writes are refused)
     v_floor bigint := runledger._token_floor();
 BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
@@ -570,7 +520,7 @@ BEGIN
         SELECT u.run_id, u.lease_id FROM unnest(p_run_ids, p_lease_ids) AS u(run_id, lease_id)
     ), locked AS (
         -- lock in a fixed order so two renewals never wait on each other in a cycle.
-        -- Revision 0025: every running run asked for, not only those it renews: a lease
+        -- Every running run asked for, not only those it renews: a lease
         -- that failed gets its renewal_failed event below, and a run's events are appended
         -- under its row lock (runledger._event). All in one pass and one order: two stale
         -- workers whose runs were taken over by each other would wait on each other if the
@@ -664,7 +614,7 @@ $$;
 
 -- A worker whose write was refused records that, in its own transaction, naming itself.
 -- The stale token goes in detail; the fencing_token column only carries current tokens.
--- The run must exist. Its row is locked (revision 0025), though the report changes nothing
+-- The run must exist. Its row is locked, though the report changes nothing
 -- of it: a run's events are appended under its row lock (runledger._event). The message
 -- is what the worker was told (str() of the refusal, with DETAIL and HINT): its cap is
 -- generous, so that the report of a refusal never fails on the refusal's own text.
@@ -694,10 +644,10 @@ BEGIN
 END
 $$;
 
--- -- senders of calls in flight (revision 0031) -------------------------------------------
+-- -- senders of calls in flight -------------------------------------------
 --
 -- A run may be taken over while its lease still runs: its holder's listener session
--- ended (claim_runs, session locks). A session that ended is no evidence that the process
+-- ended (claim_runs_v4, session locks). A session that ended is no evidence that the process
 -- is dead: an operator's pg_terminate_backend, a proxy's failover, a reset connection end
 -- the session of a live worker whose call may still be on its way to the provider, where
 -- a lookup cannot see it yet. So a call that an earlier holder sent, with no answer
@@ -790,7 +740,7 @@ BEGIN
 END
 $$;
 
--- The end of a send, said by one of two callers (revision 0031):
+-- The end of a send, said by one of two callers:
 --   - its sender: the worker that dispatched the call's current attempt under
 --     (p_lease_id, p_fencing_token), whether or not it still holds the run (it was taken
 --     over, or it fenced itself), once its tool has returned, raised or been cancelled.
@@ -895,7 +845,7 @@ $$;
 --   the server itself), it is that session's (pid and backend_start, so a reused pid is
 --   not mistaken for it): another session may take it over once that one has ended (its
 --   backend is gone from pg_stat_activity), or when it is the same session.
--- - Registered without one (revision 0032: through a pooler, whose server sessions
+-- - Registered without one (through a pooler, whose server sessions
 --   outlive the worker, or are another client's at the next transaction; session_pid
 --   NULL), it is the worker's until it has been silent for silent_after (its lease: the
 --   worker heartbeats every third of it), measured from heartbeat_at by the database
@@ -905,8 +855,8 @@ $$;
 -- (p_incarnation, minted when it started) unless a session of its own still holds a
 -- session lock for it and it registers on a session of its own again; and by a worker
 -- that found the registered process gone on its own host (p_gone_process equal to
--- workers.process: runledger.worker.liveness). A row
--- registered before revision 0003 (no session, no silent_after) is taken over at once.
+-- workers.process: runledger.worker.liveness). A row with neither a session nor
+-- silent_after is taken over at once.
 -- backend_start of another role's session is visible to the function's owner only with
 -- pg_read_all_stats (a superuser has it): without it the sessions are told apart by pid.
 CREATE FUNCTION runledger._register_worker(p_worker_id text, p_hostname text, p_pid int,
@@ -993,8 +943,8 @@ BEGIN
                    date_trunc('second', v_now - w.heartbeat_at), w.silent_after),
             'start this worker with another --worker-id, or stop the other worker first');
     END IF;
-    -- session_lock: the caller's (NULL from register_worker: a worker of the previous
-    -- release that takes an id over must not inherit the last holder's key)
+    -- session_lock: the caller's own key, or NULL (a worker that takes an id over never
+    -- inherits the last holder's key)
     UPDATE runledger.workers
     SET hostname = coalesce(p_hostname, ''), pid = coalesce(p_pid, 0), flows = p_flows,
         started_at = v_now, heartbeat_at = v_now, stopped_at = NULL,
@@ -1005,29 +955,18 @@ BEGIN
 END
 $$;
 
--- Revision 0011: the body is runledger._register_worker (shared with register_worker_v2),
--- here without a session lock.
-CREATE FUNCTION runledger.register_worker(p_worker_id text, p_hostname text, p_pid int,
-                                          p_flows text[])
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, runledger, pg_temp
-AS $$
-BEGIN
-    PERFORM runledger._register_worker(p_worker_id, p_hostname, p_pid, p_flows, NULL);
-END
-$$;
-
--- register_worker_v2 (revision 0011): register_worker, and with p_session_lock the
--- calling session takes a session-level advisory lock under a new random key, recorded
--- as workers.session_lock: claims stamp it on the runs of this worker, and a run whose
--- holder's lock is free is taken over before its lease expires (claim_runs). Call it on
+-- register_worker_v2: registers p_worker_id (hostname, pid, the flows it runs, as
+-- 'name@version'; see _register_worker for who may take an id over). With
+-- p_session_lock the calling session takes a session-level advisory lock under a new
+-- random key, recorded as workers.session_lock: claims stamp it on the runs of this
+-- worker, and a run whose holder's lock is free is taken over before its lease expires
+-- (claim_runs_v4). Call it on
 -- the worker's long-lived listener session, and only where the database session is the
 -- worker's own (not behind a transaction pooler): the worker checks that first. Without
 -- p_session_lock the worker has no key (its runs are taken over on expiry only). Returns
 -- the key (NULL without one) and the session's backend pid.
--- Revision 0031: p_process, the worker's process as its host names it (workers.process).
--- Revision 0032: p_incarnation, the worker process's own random id; p_session false:
+-- p_process: the worker's process as its host names it (workers.process).
+-- p_incarnation: the worker process's own random id. p_session false:
 -- the calling session is not the worker's own (a pooler's), so the id is not tied to it
 -- but to the worker's heartbeats (p_silent_after, required then); p_gone_process: the
 -- registered process, which the caller found gone on its own host (_register_worker).
@@ -1073,7 +1012,7 @@ BEGIN
 END
 $$;
 
--- The listener's heartbeat (revision 0011), every half second on the worker's listener
+-- The listener's heartbeat, every half second on the worker's listener
 -- session: the backend pid answering (a pooler that moved the session shows here), and
 -- whether a run of this worker's flows is held by a session that ended (the worker then
 -- claims at once). Writes nothing.
@@ -1097,7 +1036,7 @@ END
 $$;
 
 -- An unknown worker id is a no-op: the worker may have been registered in another
--- database, or its row removed by hand. Revision 0032: with p_incarnation, only the
+-- database, or its row removed by hand. With p_incarnation, only the
 -- process that holds the registration heartbeats (or says it stopped); another one (the
 -- id was taken over while it was silent, or after its process was found gone) is
 -- refused with RL008, and stops.
@@ -1130,5 +1069,5 @@ BEGIN
 END
 $$;
 
--- Revision 0010: the timeline the schema is installed on (position 1).
+-- The timeline the schema is installed on (position 1).
 SELECT runledger._note_timeline(NULL, runledger.now());

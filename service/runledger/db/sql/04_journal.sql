@@ -13,7 +13,7 @@ DECLARE
     r runledger.runs;
     v_now timestamptz;
 BEGIN
-    -- the clock the lease check read after the lock (revision 0019)
+    -- the clock the lease check read after the lock
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
     r := v_lock.r;
     v_now := v_lock.at;
@@ -35,247 +35,26 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION runledger.record_turn(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
-                                      p_turn int, p_calls jsonb)
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, runledger, pg_temp
-AS $$
-DECLARE
-    r runledger.runs;
-    v_next integer;
-    v_existing jsonb;
-    v_call jsonb;
-    v_ids text[] := '{}';
-    v_pos integer := 0;
-    v_open integer;
-BEGIN
-    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    -- each call's args may nest as deep as any JSON value: the array and the call object
-    -- around them are two levels of the contract's own
-    PERFORM runledger._check_json_value('calls', p_calls, 2);
-    IF jsonb_typeof(p_calls) <> 'array' THEN
-        PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
-    END IF;
-    IF p_turn IS NULL OR p_turn < 0 THEN
-        PERFORM runledger._raise('RL006', 'turn must be a non-negative integer', NULL, NULL);
-    END IF;
-
-    SELECT t.calls INTO v_existing FROM runledger.run_turns t
-    WHERE t.run_id = p_run_id AND t.turn = p_turn;
-    IF FOUND THEN
-        IF v_existing = p_calls THEN
-            RETURN;  -- the same decision again (a retried ambiguous commit): no-op
-        END IF;
-        PERFORM runledger._raise('RL004',
-            format('turn %s of run %s is already recorded with other calls', p_turn, p_run_id),
-            NULL, 'a recorded decision is never replaced: replay it');
-    END IF;
-
-    SELECT coalesce(max(t.turn) + 1, 0) INTO v_next FROM runledger.run_turns t
-    WHERE t.run_id = p_run_id;
-    IF p_turn <> v_next THEN
-        PERFORM runledger._raise('RL004',
-            format('turn %s of run %s is out of order', p_turn, p_run_id),
-            format('the next turn to record is %s', v_next), NULL);
-    END IF;
-    SELECT count(*) INTO v_open FROM runledger.run_calls c
-    WHERE c.run_id = p_run_id AND c.status NOT IN ('succeeded', 'failed');
-    IF v_open > 0 THEN
-        PERFORM runledger._raise('RL004',
-            format('run %s has %s call(s) without a final result', p_run_id, v_open),
-            NULL, 'complete every call of the previous turn before recording the next');
-    END IF;
-
-    FOR v_call IN SELECT e FROM jsonb_array_elements(p_calls) AS e LOOP
-        IF jsonb_typeof(v_call) <> 'object' THEN
-            PERFORM runledger._raise('RL006', 'each call must be a JSON object', NULL, NULL);
-        END IF;
-        IF jsonb_typeof(v_call -> 'call_id') IS DISTINCT FROM 'string'
-           OR (v_call ->> 'call_id') !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' THEN
-            PERFORM runledger._raise('RL006',
-                format('invalid call id %s', coalesce(left(v_call ->> 'call_id', 100), 'NULL')),
-                'a call id is 1-64 characters of [A-Za-z0-9._-]', NULL);
-        END IF;
-        IF (v_call ->> 'call_id') = ANY (v_ids) THEN
-            PERFORM runledger._raise('RL006',
-                format('call id %s appears twice in turn %s', v_call ->> 'call_id', p_turn),
-                NULL, NULL);
-        END IF;
-        IF jsonb_typeof(v_call -> 'tool') IS DISTINCT FROM 'string'
-           OR (v_call ->> 'tool') !~ '^[A-Za-z_][A-Za-z0-9._-]{0,127}$' THEN
-            PERFORM runledger._raise('RL006',
-                format('invalid tool name %s', coalesce(left(v_call ->> 'tool', 100), 'NULL')),
-                NULL, NULL);
-        END IF;
-        IF jsonb_typeof(coalesce(v_call -> 'args', '{}'::jsonb)) <> 'object' THEN
-            PERFORM runledger._raise('RL006',
-                format('args of call %s must be a JSON object', v_call ->> 'call_id'), NULL, NULL);
-        END IF;
-        v_ids := v_ids || (v_call ->> 'call_id');
-    END LOOP;
-
-    INSERT INTO runledger.run_turns (run_id, turn, calls, fencing_token, created_at)
-    VALUES (p_run_id, p_turn, p_calls, p_fencing_token, runledger.now());
-
-    FOR v_call IN SELECT e FROM jsonb_array_elements(p_calls) AS e LOOP
-        INSERT INTO runledger.run_calls (run_id, turn, call_id, position, tool, args,
-                                         idempotency_key, status, attempts)
-        VALUES (p_run_id, p_turn, v_call ->> 'call_id', v_pos, v_call ->> 'tool',
-                coalesce(v_call -> 'args', '{}'::jsonb),
-                p_run_id || ':' || p_turn || ':' || (v_call ->> 'call_id'), 'planned', 0);
-        v_pos := v_pos + 1;
-    END LOOP;
-
-    UPDATE runledger.runs SET stalled_claims = 0, updated_at = runledger.now()
-    WHERE run_id = p_run_id AND lease_id = p_lease_id;
-    PERFORM runledger._event(p_run_id, 'turn_recorded', r.lease_owner, p_fencing_token,
-        r.state_version, jsonb_build_object('turn', p_turn, 'calls', jsonb_array_length(p_calls)));
-END
-$$;
--- record_turn_v2: the decision verbatim (revision 0005). As record_turn, plus p_record, the
--- provider-native assistant message (a JSON object or NULL, stored in run_turns.record),
--- p_output, the final decision's output (any JSON or NULL, only with no calls: the run's
--- result), and an optional "provider_id" per call (the model's own id for the call, kept
--- in run_calls.provider_id to map results back; never part of a key). record_turn stays
--- for workers of the previous release and stores NULL for all three. Revision 0006: a call
--- may carry "approval": true (a JSON boolean; false is the same as leaving it out): it is
--- stored with approval 'pending' and dispatch_call refuses it until a person approves it.
-CREATE FUNCTION runledger.record_turn_v2(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
-                                         p_turn int, p_calls jsonb, p_record jsonb,
-                                         p_output jsonb DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, runledger, pg_temp
-AS $$
-DECLARE
-    r runledger.runs;
-    v_next integer;
-    v_existing runledger.run_turns;
-    v_call jsonb;
-    v_ids text[] := '{}';
-    v_pos integer := 0;
-    v_open integer;
-BEGIN
-    r := runledger._lock_leased_run(p_run_id, p_lease_id, p_fencing_token);
-    PERFORM runledger._check_json_value('calls', p_calls, 2);
-    IF jsonb_typeof(p_calls) <> 'array' THEN
-        PERFORM runledger._raise('RL006', 'calls must be a JSON array', NULL, NULL);
-    END IF;
-    IF p_turn IS NULL OR p_turn < 0 THEN
-        PERFORM runledger._raise('RL006', 'turn must be a non-negative integer', NULL, NULL);
-    END IF;
-    PERFORM runledger._check_json_object_or_null('record', p_record);
-    PERFORM runledger._check_json_value_or_null('output', p_output);
-    IF p_output IS NOT NULL AND jsonb_array_length(p_calls) > 0 THEN
-        PERFORM runledger._raise('RL006', 'output is the final decision''s: it needs empty calls',
-            format('turn %s has %s call(s)', p_turn, jsonb_array_length(p_calls)),
-            'send the output with the decision that ends the run');
-    END IF;
-
-    SELECT t.* INTO v_existing FROM runledger.run_turns t
-    WHERE t.run_id = p_run_id AND t.turn = p_turn;
-    IF FOUND THEN
-        IF v_existing.calls = p_calls AND v_existing.record IS NOT DISTINCT FROM p_record
-           AND v_existing.output IS NOT DISTINCT FROM p_output THEN
-            RETURN;  -- the same decision again (a retried ambiguous commit): no-op
-        END IF;
-        PERFORM runledger._raise('RL004',
-            format('turn %s of run %s is already recorded with another decision', p_turn, p_run_id),
-            CASE WHEN v_existing.calls = p_calls THEN 'the calls are the same; the record or the output differ'
-                 ELSE 'the calls differ' END,
-            'a recorded decision is never replaced: replay it');
-    END IF;
-
-    SELECT coalesce(max(t.turn) + 1, 0) INTO v_next FROM runledger.run_turns t
-    WHERE t.run_id = p_run_id;
-    IF p_turn <> v_next THEN
-        PERFORM runledger._raise('RL004',
-            format('turn %s of run %s is out of order', p_turn, p_run_id),
-            format('the next turn to record is %s', v_next), NULL);
-    END IF;
-    SELECT count(*) INTO v_open FROM runledger.run_calls c
-    WHERE c.run_id = p_run_id AND c.status NOT IN ('succeeded', 'failed');
-    IF v_open > 0 THEN
-        PERFORM runledger._raise('RL004',
-            format('run %s has %s call(s) without a final result', p_run_id, v_open),
-            NULL, 'complete every call of the previous turn before recording the next');
-    END IF;
-
-    FOR v_call IN SELECT e FROM jsonb_array_elements(p_calls) AS e LOOP
-        IF jsonb_typeof(v_call) <> 'object' THEN
-            PERFORM runledger._raise('RL006', 'each call must be a JSON object', NULL, NULL);
-        END IF;
-        IF jsonb_typeof(v_call -> 'call_id') IS DISTINCT FROM 'string'
-           OR (v_call ->> 'call_id') !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' THEN
-            PERFORM runledger._raise('RL006',
-                format('invalid call id %s', coalesce(left(v_call ->> 'call_id', 100), 'NULL')),
-                'a call id is 1-64 characters of [A-Za-z0-9._-]', NULL);
-        END IF;
-        IF (v_call ->> 'call_id') = ANY (v_ids) THEN
-            PERFORM runledger._raise('RL006',
-                format('call id %s appears twice in turn %s', v_call ->> 'call_id', p_turn),
-                NULL, NULL);
-        END IF;
-        IF jsonb_typeof(v_call -> 'tool') IS DISTINCT FROM 'string'
-           OR (v_call ->> 'tool') !~ '^[A-Za-z_][A-Za-z0-9._-]{0,127}$' THEN
-            PERFORM runledger._raise('RL006',
-                format('invalid tool name %s', coalesce(left(v_call ->> 'tool', 100), 'NULL')),
-                NULL, NULL);
-        END IF;
-        IF jsonb_typeof(coalesce(v_call -> 'args', '{}'::jsonb)) <> 'object' THEN
-            PERFORM runledger._raise('RL006',
-                format('args of call %s must be a JSON object', v_call ->> 'call_id'), NULL, NULL);
-        END IF;
-        IF coalesce(jsonb_typeof(v_call -> 'provider_id'), 'null') NOT IN ('null', 'string') THEN
-            PERFORM runledger._raise('RL006',
-                format('provider id of call %s must be a string or null', v_call ->> 'call_id'),
-                NULL, NULL);
-        END IF;
-        IF jsonb_typeof(v_call -> 'provider_id') = 'string' THEN
-            PERFORM runledger._check_text('provider id', v_call ->> 'provider_id', 1,
-                                          runledger._cap('provider_id'));
-        END IF;
-        IF v_call ? 'approval' AND jsonb_typeof(v_call -> 'approval') <> 'boolean' THEN
-            PERFORM runledger._raise('RL006',
-                format('approval of call %s must be true or false', v_call ->> 'call_id'),
-                format('got %s', left((v_call -> 'approval')::text, 100)),
-                'leave "approval" out for a call that needs none');
-        END IF;
-        v_ids := v_ids || (v_call ->> 'call_id');
-    END LOOP;
-
-    INSERT INTO runledger.run_turns (run_id, turn, calls, fencing_token, created_at, record, output)
-    VALUES (p_run_id, p_turn, p_calls, p_fencing_token, runledger.now(), p_record, p_output);
-
-    FOR v_call IN SELECT e FROM jsonb_array_elements(p_calls) AS e LOOP
-        INSERT INTO runledger.run_calls (run_id, turn, call_id, position, tool, args,
-                                         idempotency_key, status, attempts, provider_id,
-                                         approval)
-        VALUES (p_run_id, p_turn, v_call ->> 'call_id', v_pos, v_call ->> 'tool',
-                coalesce(v_call -> 'args', '{}'::jsonb),
-                p_run_id || ':' || p_turn || ':' || (v_call ->> 'call_id'), 'planned', 0,
-                v_call ->> 'provider_id',
-                CASE WHEN (v_call -> 'approval') = 'true'::jsonb THEN 'pending' END);
-        v_pos := v_pos + 1;
-    END LOOP;
-
-    UPDATE runledger.runs SET stalled_claims = 0, updated_at = runledger.now()
-    WHERE run_id = p_run_id AND lease_id = p_lease_id;
-    PERFORM runledger._event(p_run_id, 'turn_recorded', r.lease_owner, p_fencing_token,
-        r.state_version, jsonb_build_object('turn', p_turn, 'calls', jsonb_array_length(p_calls)));
-END
-$$;
-
--- record_turn_v4 (revision 0009): record_turn_v3, and with p_dispatch (call ids of this
--- decision, or NULL/empty) the dispatch of those calls in the same transaction, as
--- dispatch_call would do right after it: the decision is committed before any of its tools
--- runs, and each of these calls' dispatch before it is sent, in one commit instead of two.
--- The worker passes the calls it sends first (one call, or the calls of one parallel
--- group); a call recorded with "approval": true cannot be among them (RL004, as
--- dispatch_call). The same decision again (a no-op) still dispatches them. Returns the
--- run's state_version after it and the attempt number of each dispatched call, in
--- p_dispatch's order (one row). record_turn_v3 is this function without p_dispatch.
+-- record_turn_v4: a decision, verbatim, with the checkpoint of the turns before it, the
+-- dispatch of its first calls and, for the final decision, the end of the run, in one
+-- transaction. p_calls: the decision's calls (a JSON array of objects with call_id, tool,
+-- args, an optional "provider_id", the model's own id for the call, kept in
+-- run_calls.provider_id to map results back and never part of a key, and an optional
+-- "approval": true, a JSON boolean, with which the call is stored with approval
+-- 'pending' and dispatch_call refuses it until a person approves it). p_record: the
+-- provider-native assistant message (a JSON object or NULL, run_turns.record). p_output:
+-- the final decision's output (any JSON or NULL, only with no calls: the run's result).
+-- p_state (an object, or NULL: no checkpoint) is written with a compare-and-set on
+-- p_expected_version, as checkpoint does; p_finish (only with no calls) makes the run
+-- succeed with the output as its result. The calls are checked and inserted set-based.
+-- p_dispatch (call ids of this decision, or NULL/empty): the dispatch of those calls in
+-- the same transaction, as dispatch_call would do right after it: the decision is
+-- committed before any of its tools runs, and each of these calls' dispatch before it is
+-- sent, in one commit instead of two. The worker passes the calls it sends first (one
+-- call, or the calls of one parallel group); a call recorded with "approval": true cannot
+-- be among them (RL004, as dispatch_call). The same decision again (a no-op) still
+-- dispatches them. Returns the run's state_version after it and the attempt number of
+-- each dispatched call, in p_dispatch's order (one row).
 CREATE FUNCTION runledger.record_turn_v4(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
                                          p_turn int, p_calls jsonb, p_record jsonb,
                                          p_output jsonb, p_expected_version bigint,
@@ -306,7 +85,7 @@ DECLARE
     v_dispatched jsonb[];
     v_kinds text[];
 BEGIN
-    -- the clock the lease check read after the lock (revision 0021, as complete_call_v2)
+    -- the clock the lease check read after the lock (as complete_call_v2)
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
     r := v_lock.r;
     v_now := v_lock.at;
@@ -341,7 +120,7 @@ BEGIN
             format('turn %s has %s call(s)', p_turn, v_count), NULL);
     END IF;
     -- the calls to dispatch: distinct call ids of this decision (checked as calls are below;
-    -- an id that is not one of them matches none). Revision 0020: one id is distinct
+    -- an id that is not one of them matches none). One id is distinct
     -- without a count, and a call object with that string id (containment, no query)
     -- settles it; anything else takes the queries.
     IF p_dispatch IS NOT NULL AND cardinality(p_dispatch) > 0 THEN
@@ -368,7 +147,7 @@ BEGIN
         END IF;
     END IF;
 
-    -- Revision 0020: what the checks below read, in one statement: the turn p_turn if it
+    -- What the checks below read, in one statement: the turn p_turn if it
     -- is recorded, the next turn, the run's open calls and all its calls, and whether
     -- every call passes the checks of the call loop (then the query that finds the first
     -- problem is not run). Each is used in the order of the checks, as before. The patterns
@@ -433,8 +212,8 @@ BEGIN
     END IF;
 
     -- One pass over the calls: the first one (in order) with a problem, and its first
-    -- problem in record_turn_v2's order. A repeated call id is one whose earlier twin came
-    -- first; every call before the first bad one is good, as in the loop.
+    -- problem in the order of the CASE below. A repeated call id is one whose earlier twin
+    -- came first; every call before the first bad one is good.
     IF v_calls_ok IS NOT TRUE THEN
         SELECT x.c, x.problem INTO v_bad FROM (
             SELECT e.c, e.pos, CASE
@@ -498,7 +277,7 @@ BEGIN
     v_version := r.state_version + CASE WHEN p_state IS NULL THEN 0 ELSE 1 END;
     INSERT INTO runledger.run_turns (run_id, turn, calls, fencing_token, created_at, record, output)
     VALUES (p_run_id, p_turn, p_calls, p_fencing_token, v_now, p_record, p_output);
-    -- Revision 0021: the calls to dispatch are inserted dispatched (attempt 1, this lease),
+    -- The calls to dispatch are inserted dispatched (attempt 1, this lease),
     -- the row _dispatch would make of them, instead of planned and then updated one by one,
     -- unless a call of the decision awaits approval (_dispatch refuses those: its path
     -- below, with its error) or p_dispatch does not start at 1 (that path reads element 1).
@@ -550,7 +329,7 @@ BEGIN
     WHERE run_id = p_run_id AND lease_id = p_lease_id AND fencing_token = p_fencing_token
       AND state_version = r.state_version;
     -- the checkpoint, the decision, the calls dispatched above (in p_dispatch's order, as
-    -- _dispatch writes their events) and the run's end; revision 0028: in one INSERT
+    -- _dispatch writes their events) and the run's end: in one INSERT
     -- (runledger._events), in that order
     v_kinds := CASE WHEN p_state IS NOT NULL THEN ARRAY['checkpoint'] ELSE '{}'::text[] END
                || ARRAY['turn_recorded']
@@ -567,7 +346,7 @@ BEGIN
     IF v_fast THEN
         attempts := array_fill(1, ARRAY[cardinality(p_dispatch)]);
     ELSIF cardinality(p_dispatch) = 1 THEN
-        -- one call (revision 0020): what _dispatch_each does for it, one call layer less
+        -- one call: what _dispatch_each does for it, one call layer less
         attempts := ARRAY[runledger._dispatch(p_run_id, p_run_id || ':' || p_turn || ':' || p_dispatch[1],
                                               r.lease_owner, r.fencing_token, v_version, v_now)];
     ELSE
@@ -578,7 +357,7 @@ END
 $$;
 
 
--- finish_and_claim (revision 0026): a run's final decision (record_turn_v4 with no calls
+-- finish_and_claim: a run's final decision (record_turn_v4 with no calls
 -- and p_finish true: the checkpoint due, the decision, the run's success) and the next
 -- claim of the same worker (claim_runs_v4 for p_worker_id, p_flows, p_lease, p_max_runs),
 -- in one transaction: a worker with one run in hand claims its next one with the commit
@@ -619,27 +398,6 @@ BEGIN
 END
 $$;
 
--- record_turn_v3 (revision 0008): record_turn_v2 with the checkpoint of the turns before it
--- and, for the final decision, the end of the run, in one transaction. p_state (an object,
--- or NULL: no checkpoint) is written with a compare-and-set on p_expected_version, as
--- checkpoint does; p_finish (only with no calls) makes the run succeed with the output as
--- its result. The calls are checked and inserted set-based, with the checks, the order and
--- the messages of record_turn_v2's loop. Returns the run's state_version after it. Since
--- revision 0009 it is record_turn_v4 without calls to dispatch.
-CREATE FUNCTION runledger.record_turn_v3(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
-                                         p_turn int, p_calls jsonb, p_record jsonb,
-                                         p_output jsonb, p_expected_version bigint,
-                                         p_state jsonb, p_finish boolean)
-RETURNS bigint
-LANGUAGE sql SECURITY DEFINER
-SET search_path = pg_catalog, runledger, pg_temp
-AS $$
-    SELECT d.state_version
-    FROM runledger.record_turn_v4(p_run_id, p_lease_id, p_fencing_token, p_turn, p_calls,
-                                  p_record, p_output, p_expected_version, p_state, p_finish,
-                                  NULL) AS d;
-$$;
-
 CREATE FUNCTION runledger.dispatch_call(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
                                         p_idempotency_key text)
 RETURNS int
@@ -649,7 +407,7 @@ AS $$
 DECLARE
     v_lock record;
 BEGIN
-    -- the clock the lease check read after the lock (revision 0019)
+    -- the clock the lease check read after the lock
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
     RETURN runledger._dispatch(p_run_id, p_idempotency_key, (v_lock.r).lease_owner,
                                p_fencing_token, (v_lock.r).state_version, v_lock.at);
@@ -672,13 +430,13 @@ DECLARE
     v_tool text;
     v_attempts integer;
 BEGIN
-    -- the clock the lease check read after the lock (revision 0019)
+    -- the clock the lease check read after the lock
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
     r := v_lock.r;
     v_now := v_lock.at;
     -- not_applied: the effect certainly did not happen and the call will be sent again
     -- with the same key; it goes back to planned, so no one mistakes it for in flight.
-    -- The checks' common cases inline, as complete_call_v2 (revision 0019).
+    -- The checks' common cases inline, as complete_call_v2.
     IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed', 'unknown', 'not_applied') THEN
         PERFORM runledger._check_word('outcome', p_outcome,
                                       ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
@@ -689,7 +447,7 @@ BEGIN
     IF p_receipt IS NOT NULL THEN
         PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
     END IF;
-    -- Revision 0019: the call's UPDATE first, one statement instead of SELECT ... FOR
+    -- The call's UPDATE first, one statement instead of SELECT ... FOR
     -- UPDATE and an UPDATE of the same row, as complete_call_v2 (which says why it
     -- is safe); the checks of _lock_call only when no row matched, to refuse.
     UPDATE runledger.run_calls x
@@ -723,7 +481,7 @@ BEGIN
         v_attempts := c.attempts;
     END IF;
     -- progress: a run claimed again counts claims without it (crash_loop). The row is
-    -- written only when there is a count to reset (revision 0009): after the first write
+    -- written only when there is a count to reset: after the first write
     -- of a lease there never is, and a call's own row carries its times.
     IF r.stalled_claims <> 0 THEN
         UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
@@ -748,7 +506,7 @@ BEGIN
 END
 $$;
 
--- complete_call_v2 (revision 0008): complete_call, and with p_next_key the dispatch of the
+-- complete_call_v2: complete_call, and with p_next_key the dispatch of the
 -- next call in the same transaction (what dispatch_call does, with its checks), for calls
 -- that run one after another: the result of one is committed before the next is sent, in
 -- one commit instead of two. The next call is dispatched only after a final outcome
@@ -775,11 +533,11 @@ DECLARE
     v_previous text;
     v_next record;
 BEGIN
-    -- the clock the lease check read after the lock (revision 0019)
+    -- the clock the lease check read after the lock
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
     r := v_lock.r;
     v_now := v_lock.at;
-    -- the checks' common cases inline (revision 0019): a check helper runs only where it
+    -- the checks' common cases inline: a check helper runs only where it
     -- refuses or has a value to measure, in the same order
     IF p_outcome IS NULL OR p_outcome NOT IN ('succeeded', 'failed', 'unknown', 'not_applied') THEN
         PERFORM runledger._check_word('outcome', p_outcome,
@@ -791,15 +549,15 @@ BEGIN
     IF p_receipt IS NOT NULL THEN
         PERFORM runledger._check_json_object_or_null('receipt', p_receipt);
     END IF;
-    -- Revision 0019: the call's UPDATE first, one statement instead of SELECT ... FOR
+    -- The call's UPDATE first, one statement instead of SELECT ... FOR
     -- UPDATE and an UPDATE of the same row (the lock was one more heap write and WAL
     -- record), when the next call's arguments are fine. The call is the one _lock_call
     -- would lock: every writer of a run's calls holds the run's row lock first, as
     -- this function does. Only when no row matched (an invalid key, a key of another
-    -- run, a call not dispatched) or a next-call refusal is due does the path of
-    -- revision 0008 run, to refuse with the exact error in the same order. The run is
+    -- run, a call not dispatched) or a next-call refusal is due does the slow path
+    -- below run, to refuse with the exact error in the same order. The run is
     -- a filter (IS NOT DISTINCT FROM), as in _dispatch: the row is found by its key.
-    -- Revision 0021: with the next call, both rows in one UPDATE (one statement's start,
+    -- With the next call, both rows in one UPDATE (one statement's start,
     -- constraint and trigger set-up instead of two), only when both would pass: this call
     -- dispatched, the next one planned or dispatched and not awaiting approval, both of
     -- this run. One read of both rows, each by its key, finds out, with the status the
@@ -817,7 +575,7 @@ BEGIN
           AND c1.status = 'dispatched'
           AND c2.idempotency_key = p_next_key AND c2.run_id IS NOT DISTINCT FROM p_run_id
           AND c2.status IN ('planned', 'dispatched') AND c2.approval IS DISTINCT FROM 'pending'
-          -- revision 0031: one an earlier holder sent goes through _dispatch's sender check
+          -- one an earlier holder sent goes through _dispatch's sender check
           AND (c2.status = 'planned' OR c2.dispatched_token >= p_fencing_token);
     END IF;
     IF v_that IS NOT NULL THEN
@@ -868,8 +626,8 @@ BEGIN
             UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
             WHERE run_id = p_run_id AND lease_id = p_lease_id;
         END IF;
-        -- the call's event, then the next call's call_dispatched, as below; revision 0028:
-        -- both in one INSERT (runledger._events)
+        -- the call's event, then the next call's call_dispatched, as below: both in one
+        -- INSERT (runledger._events)
         v_detail := jsonb_build_object('idempotency_key', p_idempotency_key,
                                        'tool', v_next.tool, 'attempt', v_next.attempts);
         PERFORM runledger._events(p_run_id, r.lease_owner, p_fencing_token, v_now,
@@ -929,7 +687,7 @@ BEGIN
         v_attempts := c.attempts;
     END IF;
     -- progress: a run claimed again counts claims without it (crash_loop). The row is
-    -- written only when there is a count to reset (revision 0009): after the first write
+    -- written only when there is a count to reset: after the first write
     -- of a lease there never is, and a call's own row carries its times.
     IF r.stalled_claims <> 0 THEN
         UPDATE runledger.runs SET stalled_claims = 0, updated_at = v_now
@@ -960,7 +718,7 @@ BEGIN
 END
 $$;
 
--- complete_calls (revision 0018): the results of several calls of one run in one
+-- complete_calls: the results of several calls of one run in one
 -- transaction -- group commit of a parallel group's results that are ready together --
 -- and, with p_next_key, the dispatch of the next call, as complete_call_v2 does (then
 -- every outcome must be final). p_keys, p_outcomes, p_results and p_receipts are parallel
@@ -988,7 +746,7 @@ DECLARE
     v_attempts integer[] := '{}';
     v_detail jsonb;
 BEGIN
-    -- the clock the lease check read after the lock (revision 0019)
+    -- the clock the lease check read after the lock
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
     r := v_lock.r;
     v_now := v_lock.at;
@@ -1020,7 +778,7 @@ BEGIN
             PERFORM runledger._check_word('outcome', v_outcome,
                                           ARRAY['succeeded', 'failed', 'unknown', 'not_applied']);
         END IF;
-        -- as complete_call_v2 (revision 0019): a check helper runs only with a value
+        -- as complete_call_v2: a check helper runs only with a value
         IF p_results[v_i] IS NOT NULL THEN
             PERFORM runledger._check_json_value_or_null('result', p_results[v_i]);
         END IF;
@@ -1107,7 +865,7 @@ DECLARE
     v_open integer;
     v_detail jsonb;
 BEGIN
-    -- the clock the lease check read after the lock (revision 0019)
+    -- the clock the lease check read after the lock
     v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
     r := v_lock.r;
     v_now := v_lock.at;

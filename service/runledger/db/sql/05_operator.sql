@@ -4,9 +4,9 @@
 
 -- A paused run whose last call waiting for a person was settled goes back to the queue:
 -- nothing of it is unknown nor awaiting approval any more. r is the run row as locked by
--- the caller; p_after names the caller in the run_requeued event. Revision 0006 (resolve_call
--- kept this inline before). Returns whether the run was requeued. Like every helper, no
--- SET search_path since revision 0007 (02_helpers.sql says why that is safe).
+-- the caller; p_after names the caller in the run_requeued event. Returns whether the
+-- run was requeued. Like every helper, no SET search_path (02_helpers.sql says why that
+-- is safe).
 CREATE FUNCTION runledger._requeue_if_settled(r runledger.runs, p_actor text, p_after text,
                                               p_now timestamptz) RETURNS boolean
 LANGUAGE plpgsql
@@ -86,7 +86,7 @@ BEGIN
 END
 $$;
 
--- Human approval (revision 0006). A call recorded with "approval": true waits, planned
+-- Human approval. A call recorded with "approval": true waits, planned
 -- and never dispatched, for a person: approve_call lets it be dispatched as any other
 -- call; deny_call fails it, never sent, with the reason the policy then sees. Only calls
 -- of runs nobody holds are decided: a holder of a running run may be pausing on the call
@@ -263,7 +263,7 @@ $$;
 -- own deletes with a row for its transaction in runledger.prune_authorizations (which no
 -- caller can write) and removes that row before it returns, so no door stays open for
 -- the rest of the caller's transaction. Only finished runs are deleted (the guard of
--- runs checks it again). Since revision 0016, prune_runs_v2's batches in a loop: a run
+-- runs checks it again). prune_runs_v2's batches in a loop: a run
 -- another transaction holds (an operator's retry) is left, as there.
 CREATE FUNCTION runledger.prune_runs(p_before timestamptz, p_keep_events boolean)
 RETURNS integer
@@ -277,7 +277,7 @@ BEGIN
     IF p_before IS NULL THEN
         PERFORM runledger._raise('RL006', 'before must not be null', NULL, NULL);
     END IF;
-    -- revision 0016: prune_runs_v2's batches, one after the other in this transaction, so
+    -- prune_runs_v2's batches, one after the other in this transaction, so
     -- that the deletes (and the record of the chains they delete) are written once
     LOOP
         v_batch := runledger.prune_runs_v2(p_before, coalesce(p_keep_events, false), 10000);
@@ -288,7 +288,7 @@ BEGIN
 END
 $$;
 
--- prune_runs_v2 (revision 0014): retention in batches. As prune_runs, but at most p_limit
+-- prune_runs_v2: retention in batches. As prune_runs, but at most p_limit
 -- runs (1-10000) per call, the oldest finished first (ix_runs_finished_at), each locked
 -- with SKIP LOCKED: a run an operator holds is left for the next call, and no worker ever
 -- waits on it (a worker holds only queued, running or paused runs, never touched here).
@@ -334,8 +334,8 @@ BEGIN
         WHERE NOT p_keep_events AND e.run_id IN (SELECT g.run_id FROM gone g)
         RETURNING e.run_id, e.event_id, e.hash
     ), chains AS (
-        -- revision 0016: each deleted chain, so that audit tells it from a tampered one;
-        -- revision 0024: and the database login that deleted it (session_user: this
+        -- each deleted chain, so that audit tells it from a tampered one;
+        -- and the database login that deleted it (session_user: this
         -- function runs as its owner, current_user would name the owner)
         INSERT INTO runledger.event_chain_prunes (run_id, last_event_id, last_hash, events,
                                                   pruned_at, pruned_by)
@@ -349,7 +349,7 @@ BEGIN
 END
 $$;
 
--- Revision 0016: a checkpoint of the event chains (docs/audit.md). It records the head
+-- A checkpoint of the event chains (docs/audit.md). It records the head
 -- (last event and its hash) of every run that has an event after the previous checkpoint,
 -- up to a watermark, and chains its digest over the previous checkpoint's. A head that
 -- later disagrees with its run's events (a deleted tail, a rehashed chain) is caught by
@@ -436,7 +436,7 @@ END
 $$;
 
 -- Checkpoint 0: where the chains start. The events up to its through_event_id were
--- written before revision 0016 and carry no hash (none, on a schema installed at 0016).
+-- written before the chains began and carry no hash (none, on a fresh install).
 INSERT INTO runledger.event_checkpoints (checkpoint_id, at, actor, through_event_id, runs,
                                          previous_digest, digest)
 SELECT 0, runledger.now(), 'runledger migrate', coalesce(max(e.event_id), 0), 0, NULL,

@@ -12,7 +12,7 @@
 -- drop or replace a trigger); docs/design.md, "The trigger wall", says what catches them.
 
 -- True inside a prune_runs call of the current transaction (the guards' only door).
--- A helper, called by the guards and prune_runs (all pinned): no SET (revision 0007).
+-- A helper, called by the guards and prune_runs (all pinned): no SET.
 CREATE FUNCTION runledger._prune_authorized() RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
@@ -50,15 +50,15 @@ CREATE TRIGGER tg_prune_authorizations_guard BEFORE INSERT OR UPDATE
     FOR EACH ROW EXECUTE FUNCTION runledger._guard_prune_authorizations();
 ALTER TABLE runledger.prune_authorizations ENABLE ALWAYS TRIGGER tg_prune_authorizations_guard;
 
--- Revision 0029: the WHEN of each guard trigger that the contract functions' UPDATEs fire
+-- The WHEN of each guard trigger that the contract functions' UPDATEs fire
 -- (tg_runs_guard, tg_runs_guard_columns, tg_run_calls_guard) calls a PL/pgSQL function of
--- the values it reads, whose body is the condition as before, as the CHECKs do since 0027:
+-- the values it reads, whose body is the condition, as the CHECKs do (01_tables.sql):
 -- PostgreSQL reads and prepares a trigger's WHEN again in every statement that fires it,
 -- and a function call is a small node to read, its body compiled once per session. The
 -- same rows fire the guard, so the same refusals. A WHEN runs with the writer's rights, so
 -- these are executable by PUBLIC (a role granted UPDATE on a table meets the guard's
--- RL007, not a permission error), pure functions of their arguments. The inline conditions
--- were bound when the trigger was created; a function's body is parsed in the writer's
+-- RL007, not a permission error), pure functions of their arguments. An inline condition
+-- is bound when the trigger is created; a function's body is parsed in the writer's
 -- session, with the writer's search path, so every operator in them is schema-qualified.
 CREATE FUNCTION runledger._tw_runs_guard(old_token bigint, new_token bigint,
                                          old_version bigint, new_version bigint)
@@ -149,7 +149,7 @@ BEGIN
     RETURN NEW;
 END
 $$;
--- Revision 0007: the guard is called only for a row it refuses, not for every write. Its
+-- The guard is called only for a row it refuses, not for every write. Its
 -- refusals are split over the WHEN clauses of two UPDATE triggers (together, every IF of
 -- the function: false exactly when those IFs are, NULL included; kept short, since a
 -- WHEN is prepared again in every statement), and DELETE has a trigger of its own. Both
@@ -209,7 +209,7 @@ BEGIN
         PERFORM runledger._raise('RL007',
             format('attempts of call %s cannot decrease', OLD.idempotency_key), NULL, NULL);
     END IF;
-    -- revision 0006: an approval moves pending -> approved or pending -> denied, once; who
+    -- an approval moves pending -> approved or pending -> denied, once; who
     -- decided, when and why never change afterwards
     IF NEW.approval IS DISTINCT FROM OLD.approval
        AND NOT coalesce(OLD.approval = 'pending' AND NEW.approval IN ('approved', 'denied'),
@@ -230,7 +230,7 @@ BEGIN
     RETURN NEW;
 END
 $$;
--- Revision 0007: as the guard of runs, but its WHEN is a short superset of the refusals:
+-- As the guard of runs, but its WHEN is a short superset of the refusals:
 -- a call that succeeded, attempts going down, or any approval (so approve_call, deny_call
 -- and the writes of an approved call still run the function, which decides). A trigger's
 -- WHEN is read and prepared again in every statement, so the guard's whole condition
@@ -318,7 +318,7 @@ CREATE TRIGGER tg_run_calls_no_truncate BEFORE TRUNCATE ON runledger.run_calls
 ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_no_truncate;
 
 
--- Revision 0010: the record of failovers. runledger.timelines is append-only and
+-- The record of failovers. runledger.timelines is append-only and
 -- runledger.failover_runs too (its rows leave with their run, in prune_runs): without
 -- them a failover would be forgotten, and with it the doubt on the calls of its runs. Both
 -- are written only by their owner's code (the claim that detects a failover runs as the
@@ -363,7 +363,7 @@ CREATE TRIGGER tg_failover_runs_no_truncate BEFORE TRUNCATE ON runledger.failove
 ALTER TABLE runledger.failover_runs ENABLE ALWAYS TRIGGER tg_failover_runs_no_truncate;
 
 
--- Revision 0016: the checkpoints of the event chains are append-only, and the record of
+-- The checkpoints of the event chains are append-only, and the record of
 -- pruned chains is written only by prune_runs. No role may write these tables directly;
 -- the guards stop their owner too (a superuser who disables them is caught by audit
 -- against a digest kept outside the database: docs/audit.md).

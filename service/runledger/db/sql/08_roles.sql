@@ -3,7 +3,7 @@
 -- ---------------------------------------------------------------------------------
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA runledger FROM PUBLIC;
--- Revision 0027: the functions the CHECK constraints call, to anyone who may write the
+-- The functions the CHECK constraints call, to anyone who may write the
 -- tables (a CHECK's function is executed with the writer's rights). Pure functions of
 -- their arguments, every name in them schema-qualified: nothing to gain by calling them.
 GRANT EXECUTE ON FUNCTION runledger._ck_runs_run_id(text) TO PUBLIC;
@@ -26,7 +26,7 @@ GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval_status(text, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._ck_run_calls_approval_decided(text, text, timestamptz, text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._ck_run_events_hash(bytea) TO PUBLIC;
--- revision 0029: what the guard triggers' WHEN clauses call
+-- what the guard triggers' WHEN clauses call
 GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard(bigint, bigint, bigint, bigint) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._tw_runs_guard_columns(text, text, bigint, bigint, jsonb, jsonb, text, text, text, text, jsonb, jsonb) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION runledger._tw_run_calls_guard(text, integer, integer, text, text) TO PUBLIC;
@@ -55,12 +55,12 @@ BEGIN
         GRANT USAGE ON SCHEMA runledger TO runledger_auditor;
         GRANT SELECT ON ALL TABLES IN SCHEMA runledger TO runledger_auditor;
         REVOKE ALL ON runledger.prune_authorizations FROM runledger_auditor;
-        -- revision 0012: the clock, which every read of the CLI judges by (read-only)
+        -- the clock, which every read of the CLI judges by (read-only)
         GRANT EXECUTE ON FUNCTION runledger.now() TO runledger_auditor;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
         -- alembic_version: a worker checks the schema revision when it connects (and
-        -- /readyz does); without it a worker logged in in this role cannot start (0013).
+        -- /readyz does); without it a worker logged in in this role cannot start.
         GRANT USAGE ON SCHEMA runledger TO runledger_worker;
         GRANT SELECT ON runledger.runs, runledger.run_turns, runledger.run_calls,
                         runledger.run_events, runledger.workers, runledger.settings,
@@ -74,16 +74,9 @@ BEGIN
             runledger.now(),
             runledger.submit_run(text, text, text, jsonb, int, timestamptz),
             runledger.submit_run_v2(text, text, text, jsonb, int, timestamptz, text),
-            runledger.claim_runs(text, text[], interval, int),
-            runledger.claim_runs_v2(text, text[], interval, int),
-            runledger.claim_runs_v3(text, text[], interval, int),
             runledger.claim_runs_v4(text, text[], interval, int),
             runledger.renew_leases(text, text[], uuid[], interval),
             runledger.checkpoint(text, uuid, bigint, bigint, jsonb),
-            runledger.record_turn(text, uuid, bigint, int, jsonb),
-            runledger.record_turn_v2(text, uuid, bigint, int, jsonb, jsonb, jsonb),
-            runledger.record_turn_v3(text, uuid, bigint, int, jsonb, jsonb, jsonb, bigint, jsonb,
-                                     boolean),
             runledger.record_turn_v4(text, uuid, bigint, int, jsonb, jsonb, jsonb, bigint, jsonb,
                                      boolean, text[]),
             runledger.finish_and_claim(text, uuid, bigint, int, jsonb, jsonb, bigint, jsonb, text,
@@ -96,7 +89,6 @@ BEGIN
             runledger.release_lease(text, uuid, bigint),
             runledger.release_lease(text, uuid, bigint, text, jsonb),
             runledger.report_stale_write(text, text, uuid, bigint, text, text),
-            runledger.register_worker(text, text, int, text[]),
             runledger.register_worker_v2(text, text, int, text[], boolean, text, uuid, boolean,
                                          interval, text),
             runledger.call_sender(text, uuid, bigint, text),

@@ -1,12 +1,12 @@
-"""A lost connection is not a dead worker: a call an earlier holder sent, with no answer
-journaled, is looked up or sent again only once that sender can no longer be sending it
-(it released the call, its process is known gone, or its lease expired by the database
-clock): ``_dispatch`` refuses with RL009 before then. ``call_sender`` and
-``release_call``; ``workers.process`` and ``register_worker_v2``'s ``p_process``. The
-downgrade restores 0030's functions and drops the column.
+"""The baseline of runledger 0.1: the whole schema, from the living files
+(service/runledger/db/sql/) as they were at the release. Replaces revisions 0001-0032 of
+the unreleased history: an empty database gets this revision; one at 0032 (runledger at
+4b19f01) is brought here by migrations/env.py (0_1_baseline.from_0032.sql, then a stamp);
+an older one is refused. The downgrade removes everything in schema runledger but the
+version table.
 
-Revision ID: 0031
-Revises: 0030
+Revision ID: 0.1
+Revises:
 Create Date: 2026-12-07
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from alembic import context, op
 
-revision = "0031"
-down_revision = "0030"
+revision = "0.1"
+down_revision = None
 branch_labels = None
 depends_on = None
 
