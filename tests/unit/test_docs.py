@@ -40,9 +40,7 @@ PENDING = {("release_lease", 5)}
 
 # Retired at 0.1 (issue 35): no caller of the release uses them, and the 0.1 baseline
 # drops them from the living SQL. design.md documents only live functions; these are in
-# docs/history.md. While the SQL still defines one, it is exempt from the checks that
-# every public function has its section; a name here that the SQL no longer defines
-# exempts nothing (delete the set once the baseline has landed).
+# docs/history.md.
 RETIRED = {
     "claim_runs",
     "claim_runs_v2",
@@ -195,8 +193,8 @@ def public_functions() -> list[SqlFunction]:
 
 
 def live_functions() -> list[SqlFunction]:
-    """The public functions of the contract: those the SQL defines, but the retired."""
-    return [f for f in public_functions() if f.name not in RETIRED]
+    """The public functions of the contract: those the SQL defines."""
+    return public_functions()
 
 
 def bodies(name: str) -> str:
@@ -326,7 +324,9 @@ def test_every_public_function_is_documented() -> None:
 
 
 def test_retired_functions_are_history_not_contract() -> None:
-    """design.md names no retired function; history.md names each one."""
+    """The SQL defines no retired function, design.md names none, history.md each one."""
+    defined = sorted(RETIRED & {f.name for f in public_functions()})
+    assert not defined, f"the living SQL still defines retired functions: {defined}"
     text = design()
     named = sorted(n for n in RETIRED if re.search(rf"`(?:runledger\.)?{n}`|\b{n}\(", text))
     assert not named, f"docs/design.md still documents retired functions: {named}"
