@@ -1,5 +1,5 @@
 """How the read commands and the console show a call's error, and how the CLI lays out a
-table: no database, the functions of :mod:`runledger.cli_render` themselves."""
+table: no database, the functions of :mod:`runledger.cli.terminal` themselves."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from runledger.cli_render import ERROR_CHARS, _cells, _table, call_error, print_table
+from runledger.cli.terminal import ERROR_CHARS, _cells, _table, call_error, print_table
 from runledger.db.decode import Undecodable
 
 # -- a call's error: why, then what the tool raised, on one line ---------------------------

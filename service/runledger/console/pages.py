@@ -112,8 +112,8 @@ async def load_run(console: Console, request: Request, *, page: bool) -> dict[st
 
 def call_actions(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """For each call of the run: ``kind`` (``resolve``, ``decide`` or None) and the CLI
-    lines and note of ``runledger show`` (:func:`runledger.cli_reads.commands_for`)."""
-    from runledger.cli_reads import commands_for
+    lines and note of ``runledger show`` (:func:`runledger.cli.reads.commands_for`)."""
+    from runledger.cli.reads import commands_for
 
     status = data["run"]["status"]
     found: dict[str, dict[str, Any]] = {}
@@ -179,7 +179,7 @@ def _flag(request: Request, name: str) -> bool:
 
 
 async def load_inbox(console: Console, request: Request, *, page: bool) -> dict[str, Any]:
-    from runledger.cli_reads import commands_for
+    from runledger.cli.reads import commands_for
 
     params.known_only(request.query_params, INBOX_PARAMS + (PAGE if page else ()))
     include_finished = _flag(request, "include_finished")

@@ -81,7 +81,7 @@ def since(query: ImmutableMultiDict[str, Any]) -> Since | None:
     """``30m``, ``2h``, ``7d``, or an ISO timestamp: the CLI's ``--since``, parsed by it."""
     import click
 
-    from runledger.cli_render import SinceType
+    from runledger.cli.terminal import SinceType
 
     text = one(query, "since")
     if text is None:

@@ -1,5 +1,5 @@
 """The templates (package data, Jinja2, autoescaped) and their filters: times by the
-database clock, shown as the CLI shows them (:mod:`runledger.cli_render`)."""
+database clock, shown as the CLI shows them (:mod:`runledger.cli.terminal`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from runledger.cli_render import _ago, _compact, _event_line, _expiry, age, call_error, when
+from runledger.cli.terminal import _ago, _compact, _event_line, _expiry, age, call_error, when
 
 STATUS_CLASS = {
     "queued": "st-queued",

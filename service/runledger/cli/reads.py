@@ -1,5 +1,5 @@
 """The operator's read commands: ``runledger list | show | workers | unknown`` (and
-``events``, in :mod:`runledger.cli_events`).
+``events``, in :mod:`runledger.cli.events`).
 
 Each prints a rich table on a terminal and, with ``--json``, one JSON document on
 stdout (``events --follow --json``: one JSON object per line); logs and errors go to
@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from runledger.cli_approvals import APPROVABLE, approval_lines
-from runledger.cli_options import (
+from runledger.cli.calls import APPROVABLE, approval_lines
+from runledger.cli.options import (
     CONTEXT,
     _opt,
     connect_option,
@@ -24,7 +24,7 @@ from runledger.cli_options import (
     emit,
     json_option,
 )
-from runledger.cli_render import (
+from runledger.cli.terminal import (
     LIVENESS_RULE,
     _ago,
     _cells,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from runledger.cli_options import CONTEXT, _client, _opt, connect_option, database_option
+from runledger.cli.options import CONTEXT, _client, _opt, connect_option, database_option
 from runledger.client import Client
 from runledger.model import Approval, Call, CallStatus
 

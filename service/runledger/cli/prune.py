@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from runledger.cli_options import (
+from runledger.cli.options import (
     CONTEXT,
     _client,
     _opt,

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from runledger.cli_options import CONTEXT, _opt, connect_option, database_option, emit
-from runledger.cli_render import (
+from runledger.cli.options import CONTEXT, _opt, connect_option, database_option, emit
+from runledger.cli.terminal import (
     _console,
     _event_line,
     _line,

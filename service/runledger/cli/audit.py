@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from runledger.cli_approvals import actor_option
-from runledger.cli_options import (
+from runledger.cli.calls import actor_option
+from runledger.cli.options import (
     CONTEXT,
     _database_url,
     _opt,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from runledger.cli_options import (
+from runledger.cli.options import (
     CONTEXT,
     _database_url,
     connect_option,

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 import click
 
 from runledger import errors
-from runledger.cli_approvals import (
+from runledger.cli.calls import (
     APPROVABLE,
     actor_option,
     approval_lines,
@@ -38,11 +38,11 @@ from runledger.cli_approvals import (
     deny,
     shown_status,
 )
-from runledger.cli_audit import audit, checkpoint
-from runledger.cli_console import console
-from runledger.cli_doctor import doctor
-from runledger.cli_events import events
-from runledger.cli_options import (
+from runledger.cli.audit import audit, checkpoint
+from runledger.cli.console import console
+from runledger.cli.doctor import doctor
+from runledger.cli.events import events
+from runledger.cli.options import (
     CONTEXT,
     FiniteFloatRange,
     _client,
@@ -58,8 +58,8 @@ from runledger.cli_options import (
     emit,
     json_option,
 )
-from runledger.cli_prune import prune
-from runledger.cli_reads import list_runs, show, unknown, workers
+from runledger.cli.prune import prune
+from runledger.cli.reads import list_runs, show, unknown, workers
 from runledger.config import (
     with_connect_timeout,
 )
@@ -320,7 +320,7 @@ def status(database_url: str | None, connect_timeout: float, run_id: str, as_jso
     if as_json:
         emit({"run": _run_dict(run), "calls": [_fields(c) for c in calls]}, as_json=True)
         return
-    from runledger.cli_render import (
+    from runledger.cli.terminal import (
         _cells,
         _console,
         _line,

@@ -1,6 +1,6 @@
 """What the read commands share: their options (``--since``, ``--limit``,
 ``--lease-seconds``), the read-only connection, and the terminal rendering (tables whose
-cells fold, lines kept whole, times by the database clock). See :mod:`runledger.cli_reads`."""
+cells fold, lines kept whole, times by the database clock). See :mod:`runledger.cli.reads`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from runledger.cli_options import _database_url, _opt, setting_option
+from runledger.cli.options import _database_url, _opt, setting_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 

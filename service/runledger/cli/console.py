@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from runledger.cli_options import CONTEXT, _database_url, _opt, connect_option, database_option
-from runledger.cli_render import silent_option
+from runledger.cli.options import CONTEXT, _database_url, _opt, connect_option, database_option
+from runledger.cli.terminal import silent_option
 
 INSTALL_HINT = "runledger console needs its extra: pip install 'runledger-pg[console]'"
 TOKEN_ENV = "RUNLEDGER_CONSOLE_TOKEN"
