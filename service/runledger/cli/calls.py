@@ -1,38 +1,28 @@
-"""``runledger approve`` and ``runledger deny``: a person decides a call awaiting approval.
+"""A person settles a call: ``runledger resolve`` (an unknown call, once the provider
+said what happened) and ``runledger approve`` / ``deny`` (a call awaiting approval).
 
 A call of a tool declared ``@flow.tool(..., approval=True)`` (or a ``ToolCall(...,
 approval=True)``) is recorded awaiting approval and never sent before a person decides;
-the run pauses on it. Registered on the ``runledger`` group by :mod:`runledger.cli`;
-errors are one line and exit 1 there, as for every command.
+the run pauses on it. ``runledger unknown`` lists every call waiting for a person
+(:mod:`runledger.cli.reads`). Registered on the ``runledger`` group by
+:mod:`runledger.cli`; errors are one line and exit 1 there, as for every command.
 """
 
 from __future__ import annotations
 
 import click
 
-from runledger.cli.options import CONTEXT, _client, _opt, connect_option, database_option
+from runledger.cli.options import (
+    CONTEXT,
+    actor_option,
+    connect_option,
+    database_option,
+    json_arg,
+    open_client,
+    opt,
+)
 from runledger.client import Client
-from runledger.model import Approval, Call, CallStatus
-
-APPROVABLE = ("queued", "paused", "cancelled", "failed")  # runs approve_call/deny_call accept
-
-_SHOWN = {
-    Approval.PENDING: "awaiting approval",
-    Approval.APPROVED: "approved",
-    Approval.DENIED: "denied",
-}
-
-
-def approval_lines(key: str) -> tuple[str, str]:
-    """The two lines ``runledger status`` prints (whole) for a call awaiting approval."""
-    return f"runledger approve {key}", f'runledger deny {key} --reason "..."'
-
-
-def shown_status(call: Call) -> str:
-    """A call's status with its approval, if it has one: ``planned (awaiting approval)``."""
-    if call.approval is None:
-        return str(call.status)
-    return f"{call.status} ({_SHOWN[call.approval]})"
+from runledger.model import Approval, CallStatus
 
 
 def what_the_run_does(client: Client, key: str) -> str:
@@ -53,18 +43,64 @@ def what_the_run_does(client: Client, key: str) -> str:
     return f"run {run_id} stays paused: {'; '.join(left)} (`runledger status {run_id}`)"
 
 
-def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value == "":
-        raise click.BadParameter("must not be empty (leave it out for cli:$USER).")
-    return value
+RESOLUTIONS = {
+    "applied": (
+        "the effect happened",
+        "succeeded, result = --receipt ({} without one); never sent again",
+        "the call succeeded, with that result",
+    ),
+    "not_applied": (
+        "the effect did not happen",
+        "planned; sent again under the same idempotency key",
+        "the outcome of that new attempt",
+    ),
+    "abandoned": (
+        "give up on the call, effect or not",
+        "failed, error {reason: abandoned, note}; never sent again",
+        "a failed call: a policy that ends on any history\n                 makes the run SUCCEED",
+    ),
+}
 
 
-actor_option = _opt(
-    "--actor",
-    default=None,
-    callback=_not_empty,
-    help="Who decides, kept with the call and in the event (default: cli:$USER).",
+def _resolutions_help() -> str:
+    rows = []
+    for word, (means, call, policy) in RESOLUTIONS.items():
+        rows.append(f"  {word}: {means}\n    call:        {call}\n    policy sees: {policy}")
+    return "\n".join(rows)
+
+
+RESOLVE_EPILOG = (
+    "\b\nWhat each RESOLUTION does:\n"
+    + _resolutions_help()
+    + "\n\n\b\nThe run: a paused run with no unknown call left is queued again, and its"
+    "\npolicy decides the next turn from the history above. A cancelled or failed"
+    "\nrun stays as it is: only the call (the ledger) changes."
 )
+
+
+@click.command(context_settings=CONTEXT, epilog=RESOLVE_EPILOG)
+@database_option
+@connect_option
+@click.argument("key")
+@click.argument("resolution", type=click.Choice(list(RESOLUTIONS)))
+@opt("--receipt", default=None, help="Provider receipt (JSON object) for 'applied'.")
+@opt("--note", default=None, help="Why; kept in the ledger.")
+@actor_option
+def resolve(
+    database_url: str | None,
+    connect_timeout: float,
+    key: str,
+    resolution: str,
+    receipt: str | None,
+    note: str | None,
+    actor: str | None,
+) -> None:
+    """Resolve an unknown call (KEY is its idempotency key, as `runledger status` shows it)."""
+    receipt_obj = json_arg("--receipt", receipt, obj=True) if receipt else None
+    with open_client(database_url, connect_timeout, actor) as client:
+        client.resolve(key, resolution, receipt_obj, note)
+    click.echo(f"{key} resolved as {resolution}")
+
 
 DECIDE_EPILOG = (
     "\b\nThe run: a paused run with no call left that is unknown or awaiting approval is"
@@ -78,7 +114,7 @@ DECIDE_EPILOG = (
 @connect_option
 @click.argument("key")
 @actor_option
-@_opt("--note", default=None, help="Why; kept with the call and in the event.")
+@opt("--note", default=None, help="Why; kept with the call and in the event.")
 def approve(
     database_url: str | None,
     connect_timeout: float,
@@ -88,7 +124,7 @@ def approve(
 ) -> None:
     """Approve a call awaiting approval (KEY as `runledger status` shows it): it is sent
     with its idempotency key when the run goes on."""
-    with _client(database_url, connect_timeout, actor) as client:
+    with open_client(database_url, connect_timeout, actor) as client:
         client.approve(key, note)
         click.echo(f"{key} approved; {what_the_run_does(client, key)}")
 
@@ -97,7 +133,7 @@ def approve(
 @database_option
 @connect_option
 @click.argument("key")
-@_opt("--reason", required=True, help="Why; the policy sees it in the call's error.")
+@opt("--reason", required=True, help="Why; the policy sees it in the call's error.")
 @actor_option
 def deny(
     database_url: str | None,
@@ -108,6 +144,6 @@ def deny(
 ) -> None:
     """Deny a call awaiting approval: it fails, never sent, and the policy sees a failed
     call with error {reason: denied, note: REASON, actor}."""
-    with _client(database_url, connect_timeout, actor) as client:
+    with open_client(database_url, connect_timeout, actor) as client:
         client.deny(key, reason)
         click.echo(f"{key} denied; {what_the_run_does(client, key)}")
