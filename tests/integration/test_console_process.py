@@ -252,9 +252,9 @@ async def test_the_stream_sends_each_change_and_only_its_runs_when_asked(
 
 
 def test_the_listener_names_tcp_so_asyncio_sets_nodelay() -> None:
-    from runledger.cli_console import _bind
+    from runledger.cli.console import listening_socket
 
-    sock = _bind("127.0.0.1", 0)
+    sock = listening_socket("127.0.0.1", 0)
     try:
         assert sock.proto == socket.IPPROTO_TCP
     finally:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from runledger import cli
+from runledger.cli.options import FiniteFloatRange
 from runledger.config import Settings
 
 # Eager informational flags, not settings: they read no environment variable.
@@ -322,12 +323,12 @@ def test_worker_without_a_database_url_is_a_usage_error() -> None:
 
 
 def test_finite_float_range_keeps_its_range() -> None:
-    t = cli.FiniteFloatRange(0, 10)
+    t = FiniteFloatRange(0, 10)
     assert t.convert("10", None, None) == 10.0
     for bad in ("nan", "inf", "10.5", "-0.1"):
         with pytest.raises(click.BadParameter):
             t.convert(bad, None, None)
-    assert math.isclose(cli.FiniteFloatRange().convert("1e300", None, None), 1e300)
+    assert math.isclose(FiniteFloatRange().convert("1e300", None, None), 1e300)
 
 
 # -- exit codes, the connect timeout, hostile arguments stopped before connecting ----------

@@ -1,5 +1,6 @@
-"""How the read commands and the console show a call's error, and how the CLI lays out a
-table: no database, the functions of :mod:`runledger.cli_render` themselves."""
+"""How the read commands and the console show a call's error (:mod:`runledger.present`),
+and how the CLI lays out a table (:mod:`runledger.cli.terminal`): no database, the
+functions themselves."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from runledger.cli_render import ERROR_CHARS, _cells, _table, call_error, print_table
+from runledger.cli.terminal import cells, new_table, print_table
 from runledger.db.decode import Undecodable
+from runledger.present import ERROR_CHARS, call_error
 
 # -- a call's error: why, then what the tool raised, on one line ---------------------------
 
@@ -81,11 +83,11 @@ ROWS = [
 def _render(width: int, printer: Any = print_table) -> str:
     out = StringIO()
     console = Console(file=out, width=width, highlight=False)
-    table = _table(
+    table = new_table(
         "key", "tool", "status", "attempts", "by (token)", "receipt", "error", whole=("key",)
     )
     for row in ROWS:
-        table.add_row(*_cells(*row))
+        table.add_row(*cells(*row))
     printer(console, table)
     return out.getvalue()
 
@@ -132,8 +134,8 @@ def test_a_cell_wider_than_the_console_keeps_the_key_whole(width: int) -> None:
     word, whatever the console's width, and the key still on one line."""
     out = StringIO()
     console = Console(file=out, width=width, highlight=False)
-    table = _table("key", "tool", "receipt", whole=("key",))
-    table.add_row(*_cells(KEY, "create_ticket", "r" * 15_000))
+    table = new_table("key", "tool", "receipt", whole=("key",))
+    table.add_row(*cells(KEY, "create_ticket", "r" * 15_000))
     print_table(console, table)
     lines = out.getvalue().splitlines()
     assert any(line.startswith(f"│ {KEY} │ create_ticket │ rrr") for line in lines)

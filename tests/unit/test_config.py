@@ -121,7 +121,7 @@ def test_normalize_url_is_idempotent() -> None:
 def test_the_worker_its_cli_and_limits_share_one_set_of_defaults() -> None:
     import inspect
 
-    from runledger.cli import worker
+    from runledger.cli.worker import worker
     from runledger.worker import Limits, Worker
 
     cli = {p.name: p.default for p in worker.params}

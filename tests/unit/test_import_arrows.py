@@ -89,6 +89,35 @@ def chains(graph: dict[str, set[str]], start: str) -> dict[str, list[str]]:
     return seen
 
 
+def cycles(graph: dict[str, set[str]]) -> list[tuple[set[str], str]]:
+    """Each import cycle: the modules of one strongly connected component, and the
+    shortest chain from its first module back to that module."""
+    reach = {module: chains(graph, module) for module in graph}
+    found: list[tuple[set[str], str]] = []
+    seen: set[str] = set()
+    for module in sorted(graph):
+        back = [t for t in reach[module] if module in graph[t]]  # imports it, reached from it
+        if module in seen or not back:
+            continue
+        component = {module} | {t for t in reach[module] if module in reach[t]}
+        seen |= component
+        shortest = min((reach[module][t] for t in back), key=len)
+        found.append((component, " -> ".join([*shortest, module])))
+    return found
+
+
+# Packages no import cycle may pass through (the CLI, the console and what they share).
+ACYCLIC = ("runledger.cli", "runledger.console", "runledger.present")
+
+
+def cycles_through(graph: dict[str, set[str]], packages: Iterable[str] = ACYCLIC) -> list[str]:
+    return [
+        chain
+        for component, chain in cycles(graph)
+        if any(within(m, p) for m in component for p in packages)
+    ]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rule:
     name: str
@@ -120,6 +149,16 @@ RULES = (
         name="testing never imports demo",
         sources=("runledger.testing",),
         forbidden=("runledger.demo",),
+    ),
+    Rule(
+        name="the console never imports the CLI",
+        sources=("runledger.console",),
+        forbidden=("runledger.cli",),
+    ),
+    Rule(
+        name="the presentation module imports neither the CLI nor the console",
+        sources=("runledger.present",),
+        forbidden=("runledger.cli", "runledger.console"),
     ),
     Rule(
         name="only the CLI imports demo",
@@ -161,10 +200,14 @@ def test_the_package_keeps_its_arrows() -> None:
     assert violations(import_graph(SOURCE_ROOT)) == []
 
 
+def test_no_import_cycle_passes_through_the_cli_or_the_console() -> None:
+    assert cycles_through(import_graph(SOURCE_ROOT)) == []
+
+
 def test_the_checker_sees_the_real_imports() -> None:
     graph = import_graph(SOURCE_ROOT)
     assert "runledger.errors" in graph["runledger.db.store"]
-    assert "runledger.demo.run" in graph["runledger.cli"]  # a lazy import, inside a function
+    assert "runledger.demo.run" in graph["runledger.cli.start"]  # a lazy import, inside a function
     assert "runledger.testing.processes" in graph["runledger.demo.run"]  # demo may use testing
 
 
@@ -205,6 +248,7 @@ def fake_tree(tmp_path: Path, overrides: dict[str, str]) -> dict[str, set[str]]:
 def test_the_base_tree_is_clean(tmp_path: Path) -> None:
     graph = fake_tree(tmp_path, {})
     assert violations(graph) == []
+    assert cycles(graph) == []
     assert graph["runledger.demo.run"] == {"runledger.testing", "runledger.demo.flows"}
 
 
@@ -278,6 +322,19 @@ def test_the_base_tree_is_clean(tmp_path: Path) -> None:
             id="testing-imports-demo",
         ),
         pytest.param(
+            {
+                "console/__init__.py": "",
+                "console/pages.py": "def page():\n    from runledger.cli import reads\n",
+            },
+            "the console never imports the CLI: runledger.console.pages -> runledger.cli",
+            id="console-lazy-imports-cli",
+        ),
+        pytest.param(
+            {"present.py": "from runledger import cli\n"},
+            "imports neither the CLI nor the console: runledger.present -> runledger.cli",
+            id="present-imports-cli",
+        ),
+        pytest.param(
             {"worker/__init__.py": "import runledger.demo.flows\n"},
             "only the CLI imports demo: runledger.worker -> runledger.demo.flows",
             id="worker-imports-demo",
@@ -289,3 +346,39 @@ def test_a_broken_arrow_is_reported(
 ) -> None:
     found = violations(fake_tree(tmp_path, overrides))
     assert any(expected in v for v in found), found
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        pytest.param(
+            {"cli.py": "from runledger import helper\n", "helper.py": "import runledger.cli\n"},
+            ["runledger.cli -> runledger.helper -> runledger.cli"],
+            id="cli-and-a-helper",
+        ),
+        pytest.param(
+            {
+                "console/__init__.py": "from runledger.console import app\n",
+                "console/app.py": "from runledger.console import pages\n",
+                "console/pages.py": "def f():\n    from runledger import console\n",
+            },
+            [
+                "runledger.console -> runledger.console.app -> runledger.console.pages -> "
+                "runledger.console"
+            ],
+            id="a-lazy-import-closes-the-cycle",
+        ),
+        pytest.param(
+            {
+                "db/store.py": "import runledger.helper\n",
+                "helper.py": "import runledger.db.store\n",
+            },
+            [],
+            id="a-cycle-elsewhere-is-left-to-others",
+        ),
+    ],
+)
+def test_a_cycle_through_the_cli_or_the_console_is_reported(
+    tmp_path: Path, overrides: dict[str, str], expected: list[str]
+) -> None:
+    assert cycles_through(fake_tree(tmp_path, overrides)) == expected

@@ -20,6 +20,7 @@ from runledger.console import params
 from runledger.console.redact import shown_run
 from runledger.console.state import Console, console_of
 from runledger.db import event_log, inspect
+from runledger.present import commands_for
 
 RUNS_PARAMS = ("status", "flow", "since", "limit", "before")
 INBOX_PARAMS = ("include_finished", "limit")
@@ -112,9 +113,7 @@ async def load_run(console: Console, request: Request, *, page: bool) -> dict[st
 
 def call_actions(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """For each call of the run: ``kind`` (``resolve``, ``decide`` or None) and the CLI
-    lines and note of ``runledger show`` (:func:`runledger.cli_reads.commands_for`)."""
-    from runledger.cli_reads import commands_for
-
+    lines and note of ``runledger show`` (:func:`runledger.present.commands_for`)."""
     status = data["run"]["status"]
     found: dict[str, dict[str, Any]] = {}
     for turn in data["turns"]:
@@ -179,8 +178,6 @@ def _flag(request: Request, name: str) -> bool:
 
 
 async def load_inbox(console: Console, request: Request, *, page: bool) -> dict[str, Any]:
-    from runledger.cli_reads import commands_for
-
     params.known_only(request.query_params, INBOX_PARAMS + (PAGE if page else ()))
     include_finished = _flag(request, "include_finished")
     # the page shows the oldest 200 by default (1,000 rows make a half-megabyte page);

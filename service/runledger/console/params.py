@@ -13,6 +13,7 @@ from starlette.datastructures import ImmutableMultiDict
 from runledger import errors
 from runledger.db.inspect import MAX_LIMIT, Since
 from runledger.model import RUN_ID_RE, RunStatus
+from runledger.present import parse_since
 
 STATUSES = tuple(str(s) for s in RunStatus)
 LIVENESS = ("alive", "silent", "stopped")
@@ -78,19 +79,14 @@ def flow(query: ImmutableMultiDict[str, Any]) -> str | None:
 
 
 def since(query: ImmutableMultiDict[str, Any]) -> Since | None:
-    """``30m``, ``2h``, ``7d``, or an ISO timestamp: the CLI's ``--since``, parsed by it."""
-    import click
-
-    from runledger.cli_render import SinceType
-
+    """``30m``, ``2h``, ``7d``, or an ISO timestamp: the CLI's ``--since``, parsed as it."""
     text = one(query, "since")
     if text is None:
         return None
     try:
-        parsed: Since = SinceType().convert(text, None, None)
-    except click.BadParameter as exc:
-        raise BadRequest(f"since: {exc.message}", param="since") from None
-    return parsed
+        return parse_since(text)
+    except ValueError as exc:
+        raise BadRequest(f"since: {exc}", param="since") from None
 
 
 def run_id(value: str, *, param: str = "run") -> str:

@@ -1,5 +1,5 @@
 """The templates (package data, Jinja2, autoescaped) and their filters: times by the
-database clock, shown as the CLI shows them (:mod:`runledger.cli_render`)."""
+database clock, calls and events shown as the CLI shows them (:mod:`runledger.present`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from runledger.cli_render import _ago, _compact, _event_line, _expiry, age, call_error, when
+from runledger.present import age, ago, call_error, compact, event_line, expiry, when
 
 STATUS_CLASS = {
     "queued": "st-queued",
@@ -35,7 +35,7 @@ def _pretty(value: Any) -> str:
 
 
 def _ago_or_blank(at: str | None, now: str) -> str:
-    return _ago(now, at)
+    return ago(now, at)
 
 
 def environment() -> jinja2.Environment:
@@ -50,11 +50,11 @@ def environment() -> jinja2.Environment:
         when=when,
         ago=_ago_or_blank,
         age=age,
-        expiry=_expiry,
-        compact=_compact,
+        expiry=expiry,
+        compact=compact,
         call_error=call_error,
         pretty=_pretty,
-        event_line=_event_line,
+        event_line=event_line,
         status_class=lambda s: STATUS_CLASS.get(str(s), ""),
     )
     return env

@@ -14,14 +14,14 @@ from typing import Any
 
 import click
 
-from runledger.cli_options import (
+from runledger.cli.options import (
     CONTEXT,
-    _client,
-    _opt,
     connect_option,
     database_option,
     emit,
     json_option,
+    open_client,
+    opt,
 )
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -49,7 +49,7 @@ class DurationType(click.ParamType):  # type: ignore[type-arg]
 @click.command(context_settings=CONTEXT)
 @database_option
 @connect_option
-@_opt(
+@opt(
     "--older-than",
     "older_than",
     type=DurationType(),
@@ -57,14 +57,14 @@ class DurationType(click.ParamType):  # type: ignore[type-arg]
     help="Delete the runs that finished longer ago than this, by the database clock "
     "(30d, 12h, 90m, 45s).",
 )
-@_opt("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
-@_opt(
+@opt("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@opt(
     "--events",
     is_flag=True,
     help="Delete the runs' events too (by default they are kept: the audit trail may be "
     "kept longer than the runs).",
 )
-@_opt(
+@opt(
     "--batch",
     type=click.IntRange(1, 10000),
     default=1000,
@@ -84,7 +84,7 @@ def prune(
     """Delete finished runs (succeeded, failed, cancelled) older than --older-than, with
     their turns and calls, in batches that never block a worker. Queued, running and paused
     runs are never deleted. Progress goes to stderr."""
-    with _client(database_url, connect_timeout) as client:
+    with open_client(database_url, connect_timeout) as client:
         before = client.prune_cutoff(older_than)
         if dry_run:
             count = client.prunable(before)

@@ -12,16 +12,16 @@ from typing import Any
 
 import click
 
-from runledger.cli_approvals import actor_option
-from runledger.cli_options import (
+from runledger.cli.options import (
     CONTEXT,
-    _database_url,
-    _opt,
+    actor_option,
     connect_option,
     database_option,
     default_actor,
     emit,
     json_option,
+    opt,
+    require_url,
 )
 
 _ANCHOR = re.compile(r"^(\d{1,18}):([0-9a-f]{64})$")
@@ -61,7 +61,7 @@ def _anchor_line(latest: dict[str, Any] | None) -> str:
 @click.command(context_settings=CONTEXT)
 @database_option
 @connect_option
-@_opt(
+@opt(
     "--expect",
     "expect",
     type=AnchorType(),
@@ -77,7 +77,7 @@ def audit(
     from runledger.audit import audit as run_audit
     from runledger.db.execution import probe_blocking
 
-    url = _database_url(database_url)
+    url = require_url(database_url)
     probe_blocking(url, timeout=connect_timeout, application_name="runledger-audit")
     result = run_audit(url, expect=expect)
     if as_json:
@@ -110,7 +110,7 @@ def checkpoint(
     from runledger.db.chain import checkpoint_now
     from runledger.db.execution import probe_blocking
 
-    url = _database_url(database_url)
+    url = require_url(database_url)
     probe_blocking(url, timeout=connect_timeout, application_name="runledger-checkpoint")
     made = checkpoint_now(url, actor or default_actor(), connect_timeout=connect_timeout)
     if as_json:

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from runledger.cli_options import (
+from runledger.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
+from runledger.cli.options import (
     CONTEXT,
-    _database_url,
     connect_option,
     database_option,
     emit,
     json_option,
+    require_url,
 )
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def doctor(database_url: str | None, connect_timeout: float, as_json: bool) -> N
     """
     from runledger.doctor import run_doctor
 
-    results = run_doctor(_database_url(database_url), connect_timeout=connect_timeout)
+    results = run_doctor(require_url(database_url), connect_timeout=connect_timeout)
     if as_json:
         emit(
             [
@@ -59,8 +60,6 @@ def exit_code(results: Sequence[Result]) -> int:
     schema missing or behind this code (what every other command exits with then); else
     EXIT_FAILED, a revision newer than this code's included (every other command works
     with that one: two releases share a database during a rolling deploy)."""
-    from runledger.cli import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE
-
     if all(r.ok for r in results):
         return EXIT_OK
     unavailable = any(

@@ -12,8 +12,14 @@ from typing import Any
 
 import click
 
-from runledger.cli_options import CONTEXT, _database_url, _opt, connect_option, database_option
-from runledger.cli_render import silent_option
+from runledger.cli.options import (
+    CONTEXT,
+    connect_option,
+    database_option,
+    opt,
+    require_url,
+    silent_option,
+)
 
 INSTALL_HINT = "runledger console needs its extra: pip install 'runledger-pg[console]'"
 TOKEN_ENV = "RUNLEDGER_CONSOLE_TOKEN"
@@ -48,27 +54,27 @@ def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) ->
 )
 @database_option
 @connect_option
-@_opt("--host", default="127.0.0.1", help="Address to listen on.")
-@_opt("--port", type=click.IntRange(0, 65535), default=8080, help="Port (0: any free one).")
-@_opt(
+@opt("--host", default="127.0.0.1", help="Address to listen on.")
+@opt("--port", type=click.IntRange(0, 65535), default=8080, help="Port (0: any free one).")
+@opt(
     "--allow-actions",
     is_flag=True,
     help="Let a signed-in operator resolve, approve, deny, cancel and retry (needs "
     "--operator-url and RUNLEDGER_CONSOLE_TOKEN). Off: read-only.",
 )
-@_opt(
+@opt(
     "--operator-url",
     default=None,
     help="PostgreSQL URL of a runledger_operator login, for the actions only "
     "(--database-url, read-only, should be a runledger_auditor login).",
 )
-@_opt(
+@opt(
     "--actor",
     default=None,
     callback=_not_empty,
     help="Record every action as this actor (default: console:<the name signed in with>).",
 )
-@_opt(
+@opt(
     "--redact",
     is_flag=True,
     help="Show tool arguments, results, receipts, decision records and run input, state "
@@ -104,7 +110,7 @@ def console(
     from runledger.db.execution import probe_blocking
 
     token = os.environ.get(TOKEN_ENV) or None
-    read_url = _database_url(database_url)
+    read_url = require_url(database_url)
     if allow_actions and not operator_url:
         raise click.UsageError(
             "--allow-actions needs --operator-url (RUNLEDGER_OPERATOR_URL): a "
@@ -149,7 +155,7 @@ def console(
     elif operator_url:
         log.info("console: --operator-url is not used without --allow-actions")
 
-    sock = _bind(host, port)
+    sock = listening_socket(host, port)
     shown_host = f"[{host}]" if ":" in host else host
     mode = "actions on" if allow_actions else "read-only"
     extras = (", redacted" if redact else "") + (", login required" if token else "")
@@ -181,7 +187,8 @@ def console(
         raise click.ClickException("the console did not start (see the lines above)")
 
 
-def _bind(host: str, port: int) -> Any:
+def listening_socket(host: str, port: int) -> Any:
+    """A TCP socket listening on ``host:port``, for uvicorn; one that cannot is a usage error."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named: asyncio sets TCP_NODELAY on accepted sockets of such a listener
     # only (without it each response waits ~40 ms on a delayed ACK, keep-alive)

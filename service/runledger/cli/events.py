@@ -12,15 +12,18 @@ from typing import Any
 
 import click
 
-from runledger.cli_options import CONTEXT, _opt, connect_option, database_option, emit
-from runledger.cli_render import (
-    _console,
-    _event_line,
-    _line,
-    _reading,
+from runledger.cli.options import (
+    CONTEXT,
+    connect_option,
+    database_option,
+    emit,
     limit_option,
+    opt,
+    reading,
     since_option,
 )
+from runledger.cli.terminal import line, new_console
+from runledger.present import event_line
 
 POLL_SECONDS = 0.5
 
@@ -28,16 +31,16 @@ POLL_SECONDS = 0.5
 @click.command(context_settings=CONTEXT)
 @database_option
 @connect_option
-@_opt("--run", "run_id", default=None, help="Only the events of this run.")
-@_opt("--kind", "kinds", multiple=True, help="Only events of this kind (repeatable).")
+@opt("--run", "run_id", default=None, help="Only the events of this run.")
+@opt("--kind", "kinds", multiple=True, help="Only events of this kind (repeatable).")
 @since_option
 @limit_option(50, "events (the newest; --follow then prints every new one)")
-@_opt(
+@opt(
     "--follow",
     is_flag=True,
     help="Keep printing new events (polled every 0.5 s) until Ctrl-C (exit 0).",
 )
-@_opt(
+@opt(
     "--json",
     "as_json",
     is_flag=True,
@@ -57,24 +60,24 @@ def events(
     from runledger.db.event_log import EventFollower, last_event_id
     from runledger.db.event_log import events as query
 
-    with _reading(database_url, connect_timeout) as conn:
+    with reading(database_url, connect_timeout) as conn:
         top = last_event_id(conn)
         rows = query(conn, run_id=run_id, kinds=kinds, since=since, limit=limit, until=top)
         if as_json and not follow:
             emit({"events": rows}, as_json=True)
             return
-        console = None if as_json else _console(broken_pipe_raises=True)
+        console = None if as_json else new_console(broken_pipe_raises=True)
 
         def out(batch: list[dict[str, Any]]) -> None:
             for e in batch:
                 if console is None:
                     click.echo(json.dumps(e, default=str, sort_keys=True))
                 else:
-                    _line(console, _event_line(e))
+                    line(console, event_line(e))
             sys.stdout.flush()  # a pipe is block-buffered: each poll's events go out now
 
         if not rows and console is not None and not follow:
-            _line(console, "no events")
+            line(console, "no events")
         if not follow:
             out(rows)
             return

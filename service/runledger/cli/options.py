@@ -1,7 +1,8 @@
-"""The options of the ``runledger`` command: one environment rule, settings-driven types.
+"""What every ``runledger`` command shares: its options, their one environment rule, and
+how a command reaches the database (a client, or a read-only connection).
 
 ``--some-option`` reads ``RUNLEDGER_SOME_OPTION`` (set on each option explicitly by
-:func:`_opt`, never derived by click); the worker's options are generated from
+:func:`opt`, never derived by click); the worker's options are generated from
 :class:`runledger.config.Settings`, so each setting has exactly one range.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from types import UnionType
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -19,8 +21,10 @@ from click.core import ParameterSource
 from pydantic import ValidationError
 
 from runledger import errors
+from runledger.cli.exits import one_line
 from runledger.config import ENV_PREFIX, Settings, bounds, connection_settings, env_names
 from runledger.model import MAX_JSON_DEPTH
+from runledger.present import parse_since
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,7 +45,7 @@ class EnvOption(click.Option):
         return f"{names} (env var: {', '.join(envvars)})" if envvars else names
 
 
-def _opt(*decls: str, **kwargs: Any) -> Callable[[F], F]:
+def opt(*decls: str, **kwargs: Any) -> Callable[[F], F]:
     """An option that reads RUNLEDGER_<OPTION> (unless ``envvar`` is given) and says so."""
     long = next(d for d in decls if d.startswith("--"))
     kwargs.setdefault("envvar", env_var(long))
@@ -91,18 +95,18 @@ def setting_option(name: str, *, help: str | None = None) -> Callable[[F], F]:
     long = "--" + name.replace("_", "-")
     if field.annotation is bool and field.default is True:  # on unless turned off
         envvar = kwargs.pop("envvar")
-        return _opt(f"{long}/--no-{long[2:]}", name, envvar=envvar, **kwargs)
+        return opt(f"{long}/--no-{long[2:]}", name, envvar=envvar, **kwargs)
     if field.annotation is bool:
         kwargs["is_flag"] = True
     else:
         kwargs["type"] = _setting_type(name)
-    return _opt(long, name, **kwargs)
+    return opt(long, name, **kwargs)
 
 
 WORKER_SETTINGS: tuple[str, ...] = tuple(Settings.model_fields)
 
 
-def _settings_options(f: F) -> F:
+def settings_options(f: F) -> F:
     for name in reversed(WORKER_SETTINGS):
         f = setting_option(name)(f)
     return f
@@ -132,7 +136,8 @@ def _usage_error(ctx: click.Context, exc: ValidationError) -> click.UsageError:
     return click.UsageError(f"{name}: {first['msg']}", ctx=ctx)
 
 
-def _database_url(value: str | None) -> str:
+def require_url(value: str | None) -> str:
+    """``--database-url``, else its environment variables: a URL, or a usage error (exit 2)."""
     try:
         return connection_settings(value).require_database_url()
     except errors.ConfigurationError as exc:
@@ -144,19 +149,20 @@ def default_actor() -> str:
     return f"cli:{os.environ.get('USER', 'operator')}"
 
 
-def _client(
+def open_client(
     database_url: str | None, connect_timeout: float | None, actor: str | None = None
 ) -> Any:
+    """A :class:`runledger.client.Client` acting as ``actor`` (default: ``cli:$USER``)."""
     from runledger.client import Client
 
     return Client(
-        _database_url(database_url),
+        require_url(database_url),
         actor=actor or default_actor(),
         connect_timeout=connect_timeout,
     )
 
 
-def _json_arg(option: str, text: str, *, obj: bool) -> Any:
+def json_arg(option: str, text: str, *, obj: bool) -> Any:
     """``text`` parsed and checked like the store will check it, or a usage error (exit 2).
 
     ``json.loads`` recurses: input nested a hundred thousand levels deep would raise
@@ -176,11 +182,12 @@ def _json_arg(option: str, text: str, *, obj: bool) -> Any:
     try:
         check_json(option, value, obj=obj)
     except errors.InvalidInput as exc:
-        raise click.UsageError(_one_line(exc)) from None
+        raise click.UsageError(one_line(exc)) from None
     return value
 
 
 def emit(data: Any, *, as_json: bool) -> None:
+    """``data`` on stdout: as sorted, indented JSON with ``as_json``, else as it is."""
     if as_json:
         click.echo(json.dumps(data, default=str, indent=2, sort_keys=True))
     else:
@@ -189,13 +196,83 @@ def emit(data: Any, *, as_json: bool) -> None:
 
 database_option = setting_option("database_url")
 connect_option = setting_option("connect_timeout")
-json_option = _opt("--json", "as_json", is_flag=True, help="Machine-readable output.")
+json_option = opt("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
-def _joined(text: str) -> str:
-    return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value == "":
+        raise click.BadParameter("must not be empty (leave it out for cli:$USER).")
+    return value
 
 
-def _one_line(exc: BaseException) -> str:
-    """An error's message, DETAIL and HINT on one line."""
-    return _joined(str(exc))
+actor_option = opt(
+    "--actor",
+    default=None,
+    callback=_not_empty,
+    help="Who decides, kept with the call and in the event (default: cli:$USER).",
+)
+
+# -- the read commands: --since, --limit, --lease-seconds, a read-only connection ----------
+
+LIVENESS_RULE = (
+    "A worker heartbeats every third of its lease: it is 'stopped' when it said so on "
+    "the way out, 'silent' when its last heartbeat (by the database clock) is "
+    "--lease-seconds old or older (three missed heartbeats: no lease it held is still "
+    "live), else 'alive'."
+)
+
+silent_option = setting_option(
+    "lease_seconds",
+    help="The workers' lease length (set it as the workers' RUNLEDGER_LEASE_SECONDS): "
+    "a worker without a heartbeat for this long is silent.",
+)
+
+
+def limit_option(default: int, what: str) -> Callable[[F], F]:
+    from runledger.db.inspect import MAX_LIMIT
+
+    return opt(
+        "--limit",
+        type=click.IntRange(1, MAX_LIMIT),
+        default=default,
+        help=f"At most this many {what}.",
+    )
+
+
+class SinceType(click.ParamType):  # type: ignore[type-arg]
+    """``30m``, ``2h``, ``7d``, ``90s`` (before the database's now), or an ISO 8601
+    timestamp (without a zone: UTC): :func:`runledger.present.parse_since`."""
+
+    name = "DURATION|TIMESTAMP"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from runledger.db.inspect import Since
+
+        if isinstance(value, Since):
+            return value
+        try:
+            return parse_since(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+since_option = opt(
+    "--since",
+    type=SinceType(),
+    default=None,
+    help="Only since then: a duration before the database's now (30m, 2h, 7d) or an "
+    "ISO timestamp (UTC unless it says).",
+)
+
+
+@contextmanager
+def reading(database_url: str | None, connect_timeout: float) -> Iterator[Any]:
+    """A read-only connection, once the database answered as every command needs it to."""
+    from runledger.db.execution import probe_blocking
+    from runledger.db.inspect import read_connection
+
+    url = require_url(database_url)
+    # unreachable, no schema, an older schema: the one-line errors every command gives
+    probe_blocking(url, timeout=connect_timeout, application_name="runledger-cli")
+    with read_connection(url, connect_timeout) as conn:
+        yield conn

@@ -1,5 +1,5 @@
 """The operator's read commands: ``runledger list | show | workers | unknown`` (and
-``events``, in :mod:`runledger.cli_events`).
+``events``, in :mod:`runledger.cli.events`).
 
 Each prints a rich table on a terminal and, with ``--json``, one JSON document on
 stdout (``events --follow --json``: one JSON object per line); logs and errors go to
@@ -15,35 +15,22 @@ from typing import Any
 
 import click
 
-from runledger.cli_approvals import APPROVABLE, approval_lines
-from runledger.cli_options import (
+from runledger.cli.options import (
     CONTEXT,
-    _opt,
+    LIVENESS_RULE,
     connect_option,
     database_option,
     emit,
     json_option,
-)
-from runledger.cli_render import (
-    LIVENESS_RULE,
-    _ago,
-    _cells,
-    _compact,
-    _console,
-    _event_line,
-    _expiry,
-    _line,
-    _reading,
-    _table,
-    age,
-    call_error,
     limit_option,
-    print_table,
+    opt,
+    reading,
     silent_option,
     since_option,
-    when,
 )
+from runledger.cli.terminal import cells, line, new_console, new_table, print_table
 from runledger.model import RunStatus
+from runledger.present import age, ago, call_error, commands_for, compact, event_line, expiry, when
 
 # -- list -------------------------------------------------------------------------------
 
@@ -51,14 +38,14 @@ from runledger.model import RunStatus
 @click.command("list", context_settings=CONTEXT)
 @database_option
 @connect_option
-@_opt(
+@opt(
     "--status",
     "statuses",
     multiple=True,
     type=click.Choice([str(s) for s in RunStatus]),
     help="Only runs in this status (repeatable; space-separated in the env var).",
 )
-@_opt("--flow", default=None, help="Only runs of this flow: name, or name@version.")
+@opt("--flow", default=None, help="Only runs of this flow: name, or name@version.")
 @since_option
 @limit_option(50, "runs")
 @silent_option
@@ -83,7 +70,7 @@ def list_runs(
 
     if flow is not None and (not flow or flow.startswith("@") or flow.endswith("@")):
         raise click.BadParameter("give a name or name@version.", param_hint="'--flow'")
-    with _reading(database_url, connect_timeout) as conn:
+    with reading(database_url, connect_timeout) as conn:
         data = query(
             conn,
             statuses=statuses,
@@ -95,11 +82,11 @@ def list_runs(
     if as_json:
         emit(data, as_json=True)
         return
-    console = _console()
+    console = new_console()
     if not data["runs"]:
-        _line(console, "no runs")
+        line(console, "no runs")
         return
-    table = _table(
+    table = new_table(
         "run",
         "flow",
         "status",
@@ -112,25 +99,25 @@ def list_runs(
     for r in data["runs"]:
         lease = ""
         if r["status"] == "running":
-            lease = f"{r['lease_owner']}: {_expiry(r['expires_in_seconds'])}"
+            lease = f"{r['lease_owner']}: {expiry(r['expires_in_seconds'])}"
             if r["lease_state"] != "live":
                 lease += ", " + r["lease_state"].removeprefix("lease expired, ").removeprefix(
                     "expired, "
                 )
         table.add_row(
-            *_cells(
+            *cells(
                 r["run_id"],
                 f"{r['flow']}@{r['flow_version']}",
                 r["status"],
                 r["fencing_token"],
                 lease,
-                _ago(data["now"], r["created_at"]),
+                ago(data["now"], r["created_at"]),
                 _waits(r),
             )
         )
     print_table(console, table)
     if len(data["runs"]) == limit:
-        _line(console, f"(the newest {limit}; --limit for more)")
+        line(console, f"(the newest {limit}; --limit for more)")
 
 
 def _waits(r: dict[str, Any]) -> str:
@@ -167,64 +154,64 @@ def show(
     """
     from runledger.db.inspect import TIMELINE_LIMIT, show_run
 
-    with _reading(database_url, connect_timeout) as conn:
+    with reading(database_url, connect_timeout) as conn:
         data = show_run(conn, run_id, silent_after=lease_seconds)
     if as_json:
         emit(data, as_json=True)
         return
-    console = _console()
+    console = new_console()
     run, now = data["run"], data["now"]
-    _line(
+    line(
         console,
         f"{run['run_id']} {run['flow']}@{run['flow_version']} {run['status']} "
         f"token={run['fencing_token']} state_version={run['state_version']} "
         f"claims={run['claims']}",
         "bold",
     )
-    _line(
+    line(
         console,
-        f"created {when(run['created_at'])} ({_ago(now, run['created_at'])}), "
-        f"updated {when(run['updated_at'])} ({_ago(now, run['updated_at'])})"
+        f"created {when(run['created_at'])} ({ago(now, run['created_at'])}), "
+        f"updated {when(run['updated_at'])} ({ago(now, run['updated_at'])})"
         + (f", finished {when(run['finished_at'])}" if run["finished_at"] else ""),
     )
     lease = data["lease"]
     if lease is not None:
-        _line(
+        line(
             console,
             f"lease: {lease['verdict']}: owner {lease['owner']}, token {lease['fencing_token']}, "
-            f"lease id {lease['lease_id']}, {_expiry(lease['expires_in_seconds'])} "
+            f"lease id {lease['lease_id']}, {expiry(lease['expires_in_seconds'])} "
             f"(at {when(lease['expires_at'])}, database clock)",
         )
         holder = lease["holder"]
         if holder is None:
-            _line(console, f"  holder {lease['owner']}: no workers row")
+            line(console, f"  holder {lease['owner']}: no workers row")
         else:
-            _line(
+            line(
                 console,
                 f"  holder {holder['worker_id']} ({holder['hostname']} pid {holder['pid']}): "
                 f"{holder['liveness']}, last heartbeat {age(holder['heartbeat_age_seconds'])} ago",
             )
         if lease["expired"]:
-            _line(
+            line(
                 console,
                 f"  the next worker of {run['flow']}@{run['flow_version']} to poll takes it over "
                 "(`runledger workers` lists who is alive)",
             )
     if run["pause_reason"]:
-        _line(console, f"pause reason: {run['pause_reason']}")
+        line(console, f"pause reason: {run['pause_reason']}")
     if run["error"] is not None:
-        _line(console, f"error: {_compact(run['error'])}")
+        line(console, f"error: {compact(run['error'])}")
     if run["result"] is not None:
-        _line(console, f"result: {_compact(run['result'])}")
+        line(console, f"result: {compact(run['result'])}")
     calls = [c for t in data["turns"] for c in t["calls"]]
     for turn in data["turns"]:
-        _line(
+        line(
             console,
             f"turn {turn['turn']} (token {turn['fencing_token']}, {when(turn['created_at'])}): "
             f"{len(turn['calls'])} call(s)",
         )
         if turn["calls"]:
-            table = _table(
+            table = new_table(
                 "key",
                 "tool",
                 "status",
@@ -238,20 +225,20 @@ def show(
                 status = c["status"] + (f" (approval {c['approval']})" if c["approval"] else "")
                 by = f"{c['dispatched_by']} ({c['dispatched_token']})" if c["dispatched_by"] else ""
                 table.add_row(
-                    *_cells(
+                    *cells(
                         c["idempotency_key"],
                         c["tool"],
                         status,
                         c["attempts"],
                         by,
-                        _compact(c["receipt"]),
+                        compact(c["receipt"]),
                         call_error(c["error"]),
                     )
                 )
             print_table(console, table)
     _print_actions(console, run["status"], calls)
     shown = len(data["timeline"])
-    _line(
+    line(
         console,
         f"timeline: {shown} event(s)"
         + (
@@ -261,46 +248,28 @@ def show(
         ),
     )
     for e in data["timeline"]:
-        _line(console, "  " + _event_line(e, run=False))
-
-
-def commands_for(call: dict[str, Any], run_status: str) -> tuple[list[str], str | None]:
-    """The lines that act on a call waiting for a person, or why none works yet."""
-    key = call["idempotency_key"]
-    if call["status"] == "unknown":
-        from runledger.cli import RESOLVABLE, resolve_command  # the group imports us
-
-        if run_status in RESOLVABLE:
-            return [resolve_command(key)], None
-        return (
-            [],
-            "the run is running: its worker pauses it (or, its lease expired, the worker "
-            "that takes it over does); resolve it then",
-        )
-    if run_status in APPROVABLE:
-        return list(approval_lines(key)), None
-    return [], "the run is running: it pauses when its worker reaches the call; decide then"
+        line(console, "  " + event_line(e, run=False))
 
 
 def _print_actions(console: Any, run_status: str, calls: list[dict[str, Any]]) -> None:
     unknown = [c for c in calls if c["status"] == "unknown"]
     awaiting = [c for c in calls if c["approval"] == "pending" and c["status"] == "planned"]
     if unknown:
-        _line(console, f"{len(unknown)} unknown call(s): check the provider, then run one of")
+        line(console, f"{len(unknown)} unknown call(s): check the provider, then run one of")
     for c in unknown:
         lines, why = commands_for(c, run_status)
         for command in lines:
-            _line(console, "  " + command)
+            line(console, "  " + command)
         if why:
-            _line(console, f"  {c['idempotency_key']}: {why}")
+            line(console, f"  {c['idempotency_key']}: {why}")
     if awaiting:
-        _line(console, f"{len(awaiting)} call(s) await approval: run one of the two lines for each")
+        line(console, f"{len(awaiting)} call(s) await approval: run one of the two lines for each")
     for c in awaiting:
         lines, why = commands_for(c, run_status)
         for command in lines:
-            _line(console, "  " + command)
+            line(console, "  " + command)
         if why:
-            _line(console, f"  {c['idempotency_key']}: {why}")
+            line(console, f"  {c['idempotency_key']}: {why}")
 
 
 # -- workers ----------------------------------------------------------------------------
@@ -309,7 +278,7 @@ def _print_actions(console: Any, run_status: str, calls: list[dict[str, Any]]) -
 @click.command(context_settings=CONTEXT, epilog="\b\n" + LIVENESS_RULE)
 @database_option
 @connect_option
-@_opt(
+@opt(
     "--liveness",
     "liveness",
     multiple=True,
@@ -334,16 +303,16 @@ def workers(
     """
     from runledger.db.inspect import workers as query
 
-    with _reading(database_url, connect_timeout) as conn:
+    with reading(database_url, connect_timeout) as conn:
         data = query(conn, silent_after=lease_seconds, liveness=liveness, limit=limit)
     if as_json:
         emit(data, as_json=True)
         return
-    console = _console()
+    console = new_console()
     if not data["workers"]:
-        _line(console, "no workers")
+        line(console, "no workers")
         return
-    table = _table(
+    table = new_table(
         "worker",
         "host (pid)",
         "liveness",
@@ -355,18 +324,18 @@ def workers(
     )
     for w in data["workers"]:
         table.add_row(
-            *_cells(
+            *cells(
                 w["worker_id"],
                 f"{w['hostname']} ({w['pid']})",
                 w["liveness"],
                 f"{age(w['heartbeat_age_seconds'])} ago",
                 w["runs_held"],
                 " ".join(w["flows"]),
-                _ago(data["now"], w["started_at"]),
+                ago(data["now"], w["started_at"]),
             )
         )
     print_table(console, table)
-    _line(console, f"silent: no heartbeat for {lease_seconds:g} s (--lease-seconds)")
+    line(console, f"silent: no heartbeat for {lease_seconds:g} s (--lease-seconds)")
 
 
 # -- unknown ----------------------------------------------------------------------------
@@ -375,7 +344,7 @@ def workers(
 @click.command(context_settings=CONTEXT)
 @database_option
 @connect_option
-@_opt(
+@opt(
     "--include-finished",
     is_flag=True,
     help="Also the calls of cancelled and failed runs (slower: reads every such run's calls).",
@@ -400,7 +369,7 @@ def unknown(
     """
     from runledger.db.inspect import waiting_calls
 
-    with _reading(database_url, connect_timeout) as conn:
+    with reading(database_url, connect_timeout) as conn:
         data = waiting_calls(conn, include_finished=include_finished, limit=limit)
     for c in data["calls"]:
         lines, why = commands_for(c, c["run_status"])
@@ -409,11 +378,11 @@ def unknown(
     if as_json:
         emit(data, as_json=True)
         return
-    console = _console()
+    console = new_console()
     if not data["calls"]:
-        _line(console, "no call is waiting for a person")
+        line(console, "no call is waiting for a person")
         return
-    table = _table(
+    table = new_table(
         "key",
         "run status",
         "tool",
@@ -424,7 +393,7 @@ def unknown(
     )
     for c in data["calls"]:
         table.add_row(
-            *_cells(
+            *cells(
                 c["idempotency_key"],
                 c["run_status"],
                 c["tool"],
@@ -434,11 +403,11 @@ def unknown(
             )
         )
     print_table(console, table)
-    _line(console, "to act (check the provider first for an unknown call):")
+    line(console, "to act (check the provider first for an unknown call):")
     for c in data["calls"]:
         error = f" ({call_error(c['error'])})" if c["error"] is not None else ""
-        _line(console, f"  {c['idempotency_key']}{error}")
+        line(console, f"  {c['idempotency_key']}{error}")
         for command in c["commands"]:
-            _line(console, "    " + command)
+            line(console, "    " + command)
         if c["note"]:
-            _line(console, f"    {c['note']}")
+            line(console, f"    {c['note']}")
