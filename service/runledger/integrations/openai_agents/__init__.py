@@ -23,9 +23,14 @@
   need approval or deferred loading, namespaced tools, agent hooks, a ``tool_use_behavior``
   other than ``"run_llm_again"``, sandbox agents.
 
-The Agents SDK is imported only here (extra ``runledger-pg[openai-agents]``). This package
-uses a few names of the SDK's internal modules (``agents.run_internal``, the provider-retry
-switch, the sync-tool marker); the extra pins the minor version it was written against.
+The Agents SDK is imported only here (extra ``runledger-pg[openai-agents]``), through its
+public API but for three flags the SDK keeps private (a unit test scans for private names
+and lists these): the model request is made by ``Runner.run`` itself, through a model
+provider whose models end the run once the model has answered; the SDK's own retries are
+off by ``ModelRetrySettings(max_retries=0)``. The private flags tell an agent or Codex
+tool (refused) and a plain ``def`` tool (run as a ``def``) from the others. The
+assumptions the adapter makes are checked by ``tests/unit/test_adapter_assumptions.py``,
+which names the installed version when one breaks.
 """
 
 from __future__ import annotations

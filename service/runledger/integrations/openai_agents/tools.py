@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any, cast
 
+import pydantic_core
 from agents import Agent
 from agents.exceptions import ModelBehaviorError
 from agents.items import ItemHelpers
@@ -113,13 +114,13 @@ class ToolRunner:
                 raise  # ambiguous: recovered by the tool's safety class
             shown = await failure_output(tool, sdk_ctx, exc)
             raise not_applied(str(exc), shown) from exc
-        # what the model is sent: the SDK's conversion of the return value
+        # what the model is sent: the SDK's conversion of the return value (a tool with a
+        # declared output type returned it validated; the SDK sends it as JSON by alias)
         call = cast(ResponseFunctionToolCall, sdk_ctx.tool_call)
+        if tool.output_json_schema is not None and not isinstance(value, str):
+            value = pydantic_core.to_jsonable_python(value, by_alias=True)
         item = ItemHelpers.tool_call_output_item(
-            call,
-            value,
-            output_json_schema=tool.output_json_schema,
-            output_type_adapter=tool._output_type_adapter,
+            call, value, output_json_schema=tool.output_json_schema
         )
         return item["output"]
 
