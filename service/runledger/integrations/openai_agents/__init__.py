@@ -28,9 +28,9 @@ public API but for three flags the SDK keeps private (a unit test scans for priv
 and lists these): the model request is made by ``Runner.run`` itself, through a model
 provider whose models end the run once the model has answered; the SDK's own retries are
 off by ``ModelRetrySettings(max_retries=0)``. The private flags tell an agent or Codex
-tool (refused) and a plain ``def`` tool (run as a ``def``) from the others. The
-assumptions the adapter makes are checked by ``tests/unit/test_adapter_assumptions.py``,
-which names the installed version when one breaks.
+tool (refused) and a plain ``def`` tool (run as a ``def``) from the others. What the
+adapter assumes of the SDK is checked when a flow is built (:mod:`.needs`): a release
+that breaks it is named, with its version.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from agents.tool import FunctionTool
 
 from runledger.flows import Flow, LookupFn
 from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
+from runledger.integrations.openai_agents import needs
 from runledger.integrations.openai_agents.policy import AgentPolicy, PromptFn, UnsupportedResponse
 from runledger.integrations.openai_agents.records import record_to_response, response_to_record
 from runledger.integrations.openai_agents.tools import ContextFn, ToolCallFailed, ToolRunner
@@ -89,6 +90,7 @@ def agent_flow(
     - ``parallel_calls``: the function calls of one response run at the same time, as
       ``Runner.run`` runs them (``False``: one after another).
     """
+    needs.check()
     _refuse_unsupported(agent)
     tools = _function_tools(agent)
     check_safety(tools, safety)
@@ -148,7 +150,7 @@ def _function_tools(agent: Agent[Any]) -> dict[str, FunctionTool]:
                 f"tool {label} is a {type(tool).__name__}: only function tools can be journaled "
                 "(hosted tools run outside the journal)"
             )
-        why = _unsupported_tool(tool)
+        why = unsupported_tool(tool)
         if why:
             raise ValueError(f"tool {tool.name}: {why}: not supported by agent_flow")
         if tool.name in tools:
@@ -157,7 +159,7 @@ def _function_tools(agent: Agent[Any]) -> dict[str, FunctionTool]:
     return tools
 
 
-def _unsupported_tool(tool: FunctionTool) -> str | None:
+def unsupported_tool(tool: FunctionTool) -> str | None:
     if tool._is_agent_tool or tool._is_codex_tool:
         return "an agent as a tool (its model requests would not be journaled)"
     if tool.needs_approval is not False:

@@ -28,9 +28,8 @@ API only (a unit test scans for private names): the run context a request or a t
 (its model, an ``agent.override`` included, and the tool-retry default) is captured by a
 capability (``before_model_request``, ``get_wrapper_model``) on a run that is stopped
 before its first request reaches the model; a tool is called through its toolset's
-``tool_for_tool_def``. The assumptions the adapter makes are checked by
-``tests/unit/test_adapter_assumptions.py``, which names the installed version when one
-breaks.
+``tool_for_tool_def``. What the adapter assumes of that API is checked when a flow is
+built (:mod:`.needs`): a release that breaks it is named, with its version.
 """
 
 from __future__ import annotations
@@ -71,6 +70,7 @@ from runledger.flows import (
     using_tool_context,
 )
 from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
+from runledger.integrations.pydantic_ai import needs
 from runledger.integrations.pydantic_ai.records import (
     failure,
     model_visible,
@@ -129,6 +129,7 @@ def agent_flow(
       runs alone, after the calls before it and before the calls after it, as in
       Pydantic AI.
     """
+    needs.check()
     tools = _agent_tools(agent)
     check_safety(tools, safety)
     adapter = _Adapter(agent, tools, prompt or default_prompt, deps)
