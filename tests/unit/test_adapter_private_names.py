@@ -13,8 +13,8 @@ adapter that reads one breaks on its framework's next release. Under
   a ``__dunder__``-shaped one included unless it is Python's own).
 
 ``ALLOWED`` lists what is left, each with the reason no public name does it: the list only
-shrinks. ``tests/unit/test_adapter_assumptions.py`` checks those against the installed
-version.
+shrinks. Each adapter checks what it assumes of them when a flow is built (``needs.py``,
+run by ``tests/unit/test_adapter_assumptions.py``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ PYTHON_DUNDERS = {"__name__", "__doc__", "__qualname__", "__module__", "__dict__
 
 # (module under integrations/, private name): what no public name of the framework does.
 ALLOWED = {
-    # Agent.as_tool() and the Codex tool are FunctionTools told apart only by these flags;
-    # agent_flow refuses them (their model requests would not be journaled).
-    ("openai_agents/__init__.py", "_is_agent_tool"),
+    # the Codex tool (agents.extensions.experimental.codex) is a FunctionTool told apart
+    # only by this flag; agent_flow refuses it, as an agent tool (its model requests would
+    # not be journaled).
     ("openai_agents/__init__.py", "_is_codex_tool"),
     # @function_tool on a plain def marks its invoker so; the SDK exposes no other sign,
     # and runledger must run such a tool as a def (it waits for its thread).

@@ -24,11 +24,12 @@
   other than ``"run_llm_again"``, sandbox agents.
 
 The Agents SDK is imported only here (extra ``runledger-pg[openai-agents]``), through its
-public API but for three flags the SDK keeps private (a unit test scans for private names
+public API but for two flags the SDK keeps private (a unit test scans for private names
 and lists these): the model request is made by ``Runner.run`` itself, through a model
 provider whose models end the run once the model has answered; the SDK's own retries are
-off by ``ModelRetrySettings(max_retries=0)``. The private flags tell an agent or Codex
-tool (refused) and a plain ``def`` tool (run as a ``def``) from the others. What the
+off by ``ModelRetrySettings(max_retries=0)``. The private flags tell a Codex tool
+(refused, as an agent tool is by its public origin) and a plain ``def`` tool (run as a
+``def``) from the others. What the
 adapter assumes of the SDK is checked when a flow is built (:mod:`.needs`): a release
 that breaks it is named, with its version.
 """
@@ -39,8 +40,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from agents import Agent
-from agents.tool import FunctionTool
+from agents import Agent, ToolOriginType
+from agents.tool import FunctionTool, get_function_tool_origin
 
 from runledger.flows import Flow, LookupFn
 from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
@@ -160,7 +161,11 @@ def _function_tools(agent: Agent[Any]) -> dict[str, FunctionTool]:
 
 
 def unsupported_tool(tool: FunctionTool) -> str | None:
-    if tool._is_agent_tool or tool._is_codex_tool:
+    """Why agent_flow refuses a function tool (None: it does not)."""
+    origin = get_function_tool_origin(tool)
+    agent_tool = origin is not None and origin.type == ToolOriginType.AGENT_AS_TOOL
+    # the SDK marks a Codex tool by a private flag only (needs.py checks it is there)
+    if agent_tool or tool._is_codex_tool:
         return "an agent as a tool (its model requests would not be journaled)"
     if tool.needs_approval is not False:
         return "needs approval"

@@ -2,8 +2,8 @@
 :func:`check` runs them when a flow is built (``FrameworkMismatch`` names the installed
 version when one fails), ``tests/unit/test_adapter_assumptions.py`` in the suite.
 
-Three of them are of flags the SDK keeps private (an agent or Codex tool, a plain ``def``
-tool): they are checked by their effect here, through the adapter's own readers."""
+Two of them are of flags the SDK keeps private (a Codex tool, a plain ``def`` tool): they
+are checked by their effect here, through the adapter's own readers."""
 
 from __future__ import annotations
 
@@ -145,11 +145,16 @@ NEEDS: list[Need] = [
         ),
     ),
     (
+        "FunctionTool's flag of a Codex tool (_is_codex_tool)",
+        lambda: has_fields(FunctionTool, "_is_codex_tool"),
+    ),
+    (
         "@function_tool to mark a plain def tool as the SDK's sync tool",
         _tells_sync_tools_apart,
     ),
     (
-        "Agent.as_tool() to flag its tool as an agent tool",
+        "agents.tool.get_function_tool_origin(tool) to tell Agent.as_tool()'s tool by its "
+        "ToolOriginType.AGENT_AS_TOOL",
         _tells_agent_tools_apart,
     ),
 ]
