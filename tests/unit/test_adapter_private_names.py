@@ -36,7 +36,7 @@ ALLOWED = {
     # the Codex tool (agents.extensions.experimental.codex) is a FunctionTool told apart
     # only by this flag; agent_flow refuses it, as an agent tool (its model requests would
     # not be journaled).
-    ("openai_agents/__init__.py", "_is_codex_tool"),
+    ("openai_agents/tools.py", "_is_codex_tool"),
     # @function_tool on a plain def marks its invoker so; the SDK exposes no other sign,
     # and runledger must run such a tool as a def (it waits for its thread).
     ("openai_agents/tools.py", "__agents_sync_function_tool__"),

@@ -40,15 +40,20 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from agents import Agent, ToolOriginType
-from agents.tool import FunctionTool, get_function_tool_origin
+from agents import Agent
+from agents.tool import FunctionTool
 
 from runledger.flows import Flow, LookupFn
 from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
 from runledger.integrations.openai_agents import needs
 from runledger.integrations.openai_agents.policy import AgentPolicy, PromptFn, UnsupportedResponse
 from runledger.integrations.openai_agents.records import record_to_response, response_to_record
-from runledger.integrations.openai_agents.tools import ContextFn, ToolCallFailed, ToolRunner
+from runledger.integrations.openai_agents.tools import (
+    ContextFn,
+    ToolCallFailed,
+    ToolRunner,
+    unsupported_tool,
+)
 from runledger.model import Safety
 
 __all__ = [
@@ -158,23 +163,3 @@ def _function_tools(agent: Agent[Any]) -> dict[str, FunctionTool]:
             raise ValueError(f"agent {agent.name} has two tools named {tool.name}")
         tools[tool.name] = tool
     return tools
-
-
-def unsupported_tool(tool: FunctionTool) -> str | None:
-    """Why agent_flow refuses a function tool (None: it does not)."""
-    origin = get_function_tool_origin(tool)
-    agent_tool = origin is not None and origin.type == ToolOriginType.AGENT_AS_TOOL
-    # the SDK marks a Codex tool by a private flag only (needs.py checks it is there)
-    if agent_tool or tool._is_codex_tool:
-        return "an agent as a tool (its model requests would not be journaled)"
-    if tool.needs_approval is not False:
-        return "needs approval"
-    if tool.tool_input_guardrails or tool.tool_output_guardrails:
-        return "tool guardrails"
-    if tool.defer_loading:
-        return "deferred loading (tool search)"
-    if tool.qualified_name != tool.name:
-        return "a namespaced tool"
-    if tool.allowed_callers not in (None, ["direct"]):
-        return "programmatic callers"
-    return None

@@ -28,6 +28,7 @@ from agents.tool import (
 from agents.tool_context import ToolContext
 
 from runledger.integrations._flows import Need, has_fields, require, takes
+from runledger.integrations.openai_agents.tools import is_sync, unsupported_tool
 
 ADAPTER = "OpenAI Agents SDK"
 DISTRIBUTION = "openai-agents"
@@ -44,14 +45,10 @@ async def _async_probe(x: int) -> int:
 
 
 def _tells_sync_tools_apart() -> bool:
-    from runledger.integrations.openai_agents.tools import is_sync
-
     return is_sync(function_tool(_sync_probe)) and not is_sync(function_tool(_async_probe))
 
 
 def _tells_agent_tools_apart() -> bool:
-    from runledger.integrations.openai_agents import unsupported_tool
-
     tool: Any = Agent(name="probe").as_tool("probe", "a probe")
     return (unsupported_tool(tool) or "").startswith("an agent as a tool") and (
         unsupported_tool(function_tool(_async_probe)) is None
