@@ -215,8 +215,9 @@ async def drive(
     raise AssertionError("the flow did not end")
 
 
-# timestamps and the ids pydantic-ai mints for each run differ between two runs
-VOLATILE = {"timestamp", "run_id", "conversation_id"}
+# timestamps, durations and the ids pydantic-ai mints for each run differ between two runs
+# (a response's duration and request_timestamp: pydantic-ai-slim 2.78)
+VOLATILE = {"timestamp", "request_timestamp", "duration", "run_id", "conversation_id"}
 
 
 def comparable(messages: Sequence[ModelMessage]) -> Any:

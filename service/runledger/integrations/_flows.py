@@ -1,13 +1,17 @@
 """What the framework adapters (Pydantic AI, the OpenAI Agents SDK) share when they build a
 :class:`~runledger.Flow` from an agent: every tool has a safety class, the lookups name
-lookup tools of the agent, and the default prompt.
+lookup tools of the agent, the default prompt, and the check of what an adapter assumes
+of its framework's public API.
 
 No SDK is imported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from importlib import metadata
 from typing import Any
 
 from runledger.flows import Flow, LookupFn, PolicyContext
@@ -41,3 +45,57 @@ def default_prompt(ctx: PolicyContext) -> Any:
         return ctx.input["prompt"]
     except KeyError:
         raise ValueError("the run input has no 'prompt': pass agent_flow(prompt=...)") from None
+
+
+class FrameworkMismatch(RuntimeError):
+    """The installed version of a framework lacks something its runledger adapter uses
+    (a public hook removed, or its signature changed): raised when a flow is built, naming
+    the framework's version, rather than failing in the middle of a run."""
+
+
+Need = tuple[str, Callable[[], object]]
+"""What an adapter needs, in words, and a check of it (false, or raising: not there)."""
+
+
+def unmet(needs: Iterable[Need]) -> list[str]:
+    """The needs whose check fails."""
+    out = []
+    for what, check in needs:
+        try:
+            ok = bool(check())
+        except Exception:
+            ok = False
+        if not ok:
+            out.append(what)
+    return out
+
+
+def require(adapter: str, distribution: str, needs: Iterable[Need]) -> None:
+    """``FrameworkMismatch`` naming ``distribution``'s installed version unless every
+    need holds."""
+    missing = unmet(needs)
+    if missing:
+        raise FrameworkMismatch(mismatch(adapter, distribution, missing))
+
+
+def mismatch(adapter: str, distribution: str, missing: list[str]) -> str:
+    try:
+        installed = f"{distribution} {metadata.version(distribution)}"
+    except metadata.PackageNotFoundError:
+        installed = f"the installed {distribution}"
+    return (
+        f"runledger's {adapter} adapter needs {'; '.join(missing)}; {installed} does not have "
+        f"{'it' if len(missing) == 1 else 'them'}"
+    )
+
+
+def takes(fn: Callable[..., Any], *names: str) -> bool:
+    """``fn`` takes parameters of these names."""
+    parameters = inspect.signature(fn).parameters
+    return all(name in parameters for name in names)
+
+
+def has_fields(cls: type, *names: str) -> bool:
+    """The dataclass ``cls`` has fields of these names."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return all(name in fields for name in names)

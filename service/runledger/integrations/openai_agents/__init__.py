@@ -23,9 +23,15 @@
   need approval or deferred loading, namespaced tools, agent hooks, a ``tool_use_behavior``
   other than ``"run_llm_again"``, sandbox agents.
 
-The Agents SDK is imported only here (extra ``runledger-pg[openai-agents]``). This package
-uses a few names of the SDK's internal modules (``agents.run_internal``, the provider-retry
-switch, the sync-tool marker); the extra pins the minor version it was written against.
+The Agents SDK is imported only here (extra ``runledger-pg[openai-agents]``), through its
+public API but for two flags the SDK keeps private (a unit test scans for private names
+and lists these): the model request is made by ``Runner.run`` itself, through a model
+provider whose models end the run once the model has answered; the SDK's own retries are
+off by ``ModelRetrySettings(max_retries=0)``. The private flags tell a Codex tool
+(refused, as an agent tool is by its public origin) and a plain ``def`` tool (run as a
+``def``) from the others. What the
+adapter assumes of the SDK is checked when a flow is built (:mod:`.needs`): a release
+that breaks it is named, with its version.
 """
 
 from __future__ import annotations
@@ -39,9 +45,15 @@ from agents.tool import FunctionTool
 
 from runledger.flows import Flow, LookupFn
 from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
+from runledger.integrations.openai_agents import needs
 from runledger.integrations.openai_agents.policy import AgentPolicy, PromptFn, UnsupportedResponse
 from runledger.integrations.openai_agents.records import record_to_response, response_to_record
-from runledger.integrations.openai_agents.tools import ContextFn, ToolCallFailed, ToolRunner
+from runledger.integrations.openai_agents.tools import (
+    ContextFn,
+    ToolCallFailed,
+    ToolRunner,
+    unsupported_tool,
+)
 from runledger.model import Safety
 
 __all__ = [
@@ -84,6 +96,7 @@ def agent_flow(
     - ``parallel_calls``: the function calls of one response run at the same time, as
       ``Runner.run`` runs them (``False``: one after another).
     """
+    needs.check()
     _refuse_unsupported(agent)
     tools = _function_tools(agent)
     check_safety(tools, safety)
@@ -143,26 +156,10 @@ def _function_tools(agent: Agent[Any]) -> dict[str, FunctionTool]:
                 f"tool {label} is a {type(tool).__name__}: only function tools can be journaled "
                 "(hosted tools run outside the journal)"
             )
-        why = _unsupported_tool(tool)
+        why = unsupported_tool(tool)
         if why:
             raise ValueError(f"tool {tool.name}: {why}: not supported by agent_flow")
         if tool.name in tools:
             raise ValueError(f"agent {agent.name} has two tools named {tool.name}")
         tools[tool.name] = tool
     return tools
-
-
-def _unsupported_tool(tool: FunctionTool) -> str | None:
-    if tool._is_agent_tool or tool._is_codex_tool:
-        return "an agent as a tool (its model requests would not be journaled)"
-    if tool.needs_approval is not False:
-        return "needs approval"
-    if tool.tool_input_guardrails or tool.tool_output_guardrails:
-        return "tool guardrails"
-    if tool.defer_loading:
-        return "deferred loading (tool search)"
-    if tool.qualified_name != tool.name:
-        return "a namespaced tool"
-    if tool.allowed_callers not in (None, ["direct"]):
-        return "programmatic callers"
-    return None

@@ -3,26 +3,28 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pydantic_core
-from agents import Agent, RunConfig, RunContextWrapper
-from agents.exceptions import ModelRefusalError, ModelTimeoutError
-from agents.items import ItemHelpers, ModelResponse, TResponseInputItem
-from agents.models._retry_runtime import provider_managed_retries_disabled
-from agents.models.interface import Model, ModelTracing
-from agents.run_internal.items import (
-    deduplicate_input_items_preferring_latest,
-    prepare_model_input_items,
+from agents import (
+    Agent,
+    AgentOutputSchema,
+    AgentOutputSchemaBase,
+    ModelRetrySettings,
+    ModelSettings,
+    RunConfig,
+    RunContextWrapper,
+    Runner,
 )
-from agents.run_internal.prompt_cache_key import model_settings_with_prompt_cache_key
-from agents.run_internal.turn_preparation import get_model, get_model_settings, get_output_schema
-from agents.tool import FunctionTool, Tool
+from agents.exceptions import ModelRefusalError
+from agents.items import ItemHelpers, ModelResponse, TResponseInputItem
+from agents.models.interface import Model, ModelProvider
+from agents.tool import FunctionTool
 from openai.types.responses import ResponseOutputMessage
 
 from runledger.flows import (
@@ -73,78 +75,56 @@ class AgentPolicy:
         self.tools = tools
         self.prompt = prompt
         self.context = context
-        self.run_config = RunConfig()  # what Runner.run uses when given none
-
-    def model(self) -> Model:
-        """The model ``Runner.run(agent, ...)`` would use."""
-        return get_model(self.agent, self.run_config)
 
     async def decide(self, ctx: PolicyContext, history: Sequence[HistoryTurn]) -> Decision:
         """One model request on the journal's items, as a :class:`~runledger.Decision`."""
         value = self.context(ctx) if self.context is not None else None
         wrapper: RunContextWrapper[Any] = RunContextWrapper(context=value)
-        caller = ItemHelpers.input_to_new_input_list(self.prompt(ctx))
-        generated: list[TResponseInputItem] = []
+        items = ItemHelpers.input_to_new_input_list(self.prompt(ctx))
         for turn in history:
-            generated += replayed_items(turn.record)
-            generated += await self.outputs(ctx, turn, value)
-        items = deduplicate_input_items_preferring_latest(
-            prepare_model_input_items(caller, generated)
-        )
-        wrapper.turn_input = list(caller)
+            items += replayed_items(turn.record)
+            items += await self.outputs(ctx, turn, value)
         used_tools = any(t.calls for t in history)
-        tools = await self.agent.get_all_tools(wrapper)  # the enabled ones
-        response = await self.request(ctx, wrapper, items, tools, used_tools=used_tools)
-        return self.decision(response, {t.name for t in tools})
+        enabled = {t.name for t in await self.agent.get_all_tools(wrapper)}
+        response = await self.request(ctx, items, value, used_tools=used_tools)
+        return self.decision(response, enabled)
 
     async def request(
         self,
         ctx: PolicyContext,
-        wrapper: RunContextWrapper[Any],
         items: list[TResponseInputItem],
-        tools: list[Tool],
+        value: Any,
         *,
         used_tools: bool,
     ) -> ModelResponse:
-        """Exactly one ``Model.get_response`` with what ``Runner.run`` passes: the agent's
-        instructions, prompt, enabled tools, output schema and model settings (``tool_choice``
-        reset once tools were used, as ``reset_tool_choice`` asks). The SDK's own retries
-        (runner and client) are off: runledger retries the policy."""
+        """Exactly one model request, made by ``Runner.run`` itself (the agent's model,
+        instructions, prompt, enabled tools, output schema and model settings, with
+        ``tool_choice`` reset once tools were used, as ``reset_tool_choice`` asks) and
+        stopped as soon as the model has answered, before any tool runs. The SDK's own
+        retries (runner and client) are off (``ModelRetrySettings(max_retries=0)``):
+        runledger retries the policy. Tracing is off."""
         agent = self.agent
-        system, prompt = await asyncio.gather(
-            agent.get_system_prompt(wrapper), agent.get_prompt(wrapper)
-        )
-        model = self.model()
-        settings = get_model_settings(agent, self.run_config)
         if agent.reset_tool_choice is True and used_tools:
-            settings = dataclasses.replace(settings, tool_choice=None)
-        settings = model_settings_with_prompt_cache_key(settings, self.cache_key(model, ctx))
-        with provider_managed_retries_disabled(True):
-            call = model.get_response(
-                system_instructions=system,
-                input=items,
-                model_settings=settings,
-                tools=tools,
-                output_schema=get_output_schema(agent),
-                handoffs=[],
-                tracing=ModelTracing.DISABLED,
-                previous_response_id=None,
-                conversation_id=None,
-                prompt=prompt,
-            )
-            if settings.timeout is None:
-                return await call
-            try:
-                return await asyncio.wait_for(call, settings.timeout)
-            except TimeoutError:
-                raise ModelTimeoutError(settings.timeout) from None
+            settings = dataclasses.replace(agent.model_settings, tool_choice=None)
+            agent = agent.clone(model_settings=settings)
+        one = _OneRequest.factory(agent, self.cache_key(ctx))
+        provider = _OneRequestProvider(RunConfig().model_provider, one)
+        if isinstance(agent.model, Model):
+            agent = agent.clone(model=one(agent.model))
+        config = RunConfig(
+            model_provider=provider,
+            model_settings=ModelSettings(retry=ModelRetrySettings(max_retries=0)),
+            tracing_disabled=True,
+        )
+        try:
+            await Runner.run(agent, items, context=value, max_turns=1, run_config=config)
+        except _Answered as answered:
+            return answered.response
+        raise RuntimeError("the agent run ended without a model request")
 
-    def cache_key(self, model: Model, ctx: PolicyContext) -> str | None:
-        """The ``prompt_cache_key`` ``Runner.run`` adds for OpenAI models, one per run: here
+    def cache_key(self, ctx: PolicyContext) -> str:
+        """The ``prompt_cache_key`` of the run, for a model ``Runner.run`` gives one to:
         derived from the run id, so that every worker sends the same one."""
-        supports = getattr(model, "_supports_default_prompt_cache_key", None)
-        if not (callable(supports) and supports()):
-            return None
         digest = hashlib.sha256(ctx.run_id.encode()).hexdigest()[:32]
         return f"agents-sdk:run:{digest}"
 
@@ -164,7 +144,7 @@ class AgentPolicy:
         if refusal:
             raise ModelRefusalError(refusal)
         text = ItemHelpers.extract_text(last) if last is not None else None
-        schema = get_output_schema(self.agent)
+        schema = output_schema(self.agent)
         if schema is None or schema.is_plain_text():
             return Decision(record=record, output=text or "")
         if not text:
@@ -235,6 +215,84 @@ class AgentPolicy:
         if shown is None:
             raise error
         return shown
+
+
+def output_schema(agent: Agent[Any]) -> AgentOutputSchemaBase | None:
+    """The agent's output schema as ``Runner.run`` resolves it (None: plain text)."""
+    if agent.output_type is None or agent.output_type is str:
+        return None
+    if isinstance(agent.output_type, AgentOutputSchemaBase):
+        return agent.output_type
+    return AgentOutputSchema(agent.output_type)
+
+
+class _Answered(Exception):
+    """The model has answered the run's one request: ``Runner.run`` stops here."""
+
+    def __init__(self, response: ModelResponse) -> None:
+        super().__init__("answered")
+        self.response = response
+
+
+class _OneRequest(Model):
+    """The model ``Runner.run`` resolved, asked once: the response ends the run (raised as
+    :class:`_Answered`) before the runner acts on it. Anything else the runner asks of the
+    model (what it supports) is the model's own answer."""
+
+    def __init__(self, model: Model, retry: ModelRetrySettings | None, cache_key: Any) -> None:
+        self.model = model
+        self.retry = retry
+        self.key = cache_key
+
+    @classmethod
+    def factory(cls, agent: Agent[Any], key: str) -> Callable[[Model], _OneRequest]:
+        """A wrapper for whichever model the run resolves, which gives the model the
+        agent's own settings (the retry switch is the runner's) and this run's prompt
+        cache key where the runner made one up."""
+        own = agent.model_settings
+        users = any(
+            isinstance(extra, dict) and "prompt_cache_key" in extra
+            for extra in (own.extra_args, own.extra_body)
+        )
+        return lambda model: cls(model, own.retry, None if users else key)
+
+    def __getattr__(self, name: str) -> Any:
+        model = self.__dict__.get("model")
+        if model is None:  # not yet initialised (a copy being made)
+            raise AttributeError(name)
+        return getattr(model, name)
+
+    def settings(self, settings: ModelSettings) -> ModelSettings:
+        settings = dataclasses.replace(settings, retry=self.retry)
+        extra = dict(settings.extra_args or {})
+        if self.key is not None and "prompt_cache_key" in extra:
+            extra["prompt_cache_key"] = self.key  # the runner's is one per Runner.run
+            settings = dataclasses.replace(settings, extra_args=extra)
+        return settings
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        bound = _GET_RESPONSE.bind(self, *args, **kwargs)
+        bound.arguments["model_settings"] = self.settings(bound.arguments["model_settings"])
+        del bound.arguments["self"]
+        response = await self.model.get_response(**bound.arguments)
+        raise _Answered(response)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("agent_flow makes one request, not streamed")
+
+
+_GET_RESPONSE = inspect.signature(Model.get_response)
+
+
+class _OneRequestProvider(ModelProvider):
+    """The runner's model provider, its models wrapped by :class:`_OneRequest`."""
+
+    def __init__(self, provider: ModelProvider, wrap: Callable[[Model], _OneRequest]) -> None:
+        self.provider = provider
+        self.wrap = wrap
+
+    def get_model(self, model_name: str | None) -> Model:
+        return self.wrap(self.provider.get_model(model_name))
 
 
 def _get(item: Any, key: str) -> Any:

@@ -16,11 +16,13 @@ import json
 from collections.abc import Callable
 from typing import Any, cast
 
-from agents import Agent
+import pydantic_core
+from agents import Agent, ToolOriginType
 from agents.exceptions import ModelBehaviorError
 from agents.items import ItemHelpers
 from agents.tool import (
     FunctionTool,
+    get_function_tool_origin,
     maybe_invoke_function_tool_failure_error_function,
     set_function_tool_failure_error_function,
 )
@@ -113,13 +115,13 @@ class ToolRunner:
                 raise  # ambiguous: recovered by the tool's safety class
             shown = await failure_output(tool, sdk_ctx, exc)
             raise not_applied(str(exc), shown) from exc
-        # what the model is sent: the SDK's conversion of the return value
+        # what the model is sent: the SDK's conversion of the return value (a tool with a
+        # declared output type returned it validated; the SDK sends it as JSON by alias)
         call = cast(ResponseFunctionToolCall, sdk_ctx.tool_call)
+        if tool.output_json_schema is not None and not isinstance(value, str):
+            value = pydantic_core.to_jsonable_python(value, by_alias=True)
         item = ItemHelpers.tool_call_output_item(
-            call,
-            value,
-            output_json_schema=tool.output_json_schema,
-            output_type_adapter=tool._output_type_adapter,
+            call, value, output_json_schema=tool.output_json_schema
         )
         return item["output"]
 
@@ -147,3 +149,23 @@ class ToolRunner:
         call_async.__name__ = tool.name
         call_async.__doc__ = tool.description
         return call_async
+
+
+def unsupported_tool(tool: FunctionTool) -> str | None:
+    """Why agent_flow refuses a function tool (None: it does not)."""
+    origin = get_function_tool_origin(tool)
+    agent_tool = origin is not None and origin.type == ToolOriginType.AGENT_AS_TOOL
+    # the SDK marks a Codex tool by a private flag only (needs.py checks it is there)
+    if agent_tool or tool._is_codex_tool:
+        return "an agent as a tool (its model requests would not be journaled)"
+    if tool.needs_approval is not False:
+        return "needs approval"
+    if tool.tool_input_guardrails or tool.tool_output_guardrails:
+        return "tool guardrails"
+    if tool.defer_loading:
+        return "deferred loading (tool search)"
+    if tool.qualified_name != tool.name:
+        return "a namespaced tool"
+    if tool.allowed_callers not in (None, ["direct"]):
+        return "programmatic callers"
+    return None

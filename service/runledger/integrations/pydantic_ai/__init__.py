@@ -23,20 +23,26 @@
   declares that the effect did not happen (it is runledger's ``NotApplied``); any other
   exception is ambiguous and is recovered by the tool's safety class.
 
-Pydantic AI is imported only here (extra ``runledger[pydantic-ai]``). This module reads a
-few private names of ``pydantic_ai`` (the agent's tool-retry default, the retried-return
-builder, the model resolution); the extra pins the minor version it was written against.
+Pydantic AI is imported only here (extra ``runledger-pg[pydantic-ai]``), through its public
+API only (a unit test scans for private names): the run context a request or a tool gets
+(its model, an ``agent.override`` included, and the tool-retry default) is captured by a
+capability (``before_model_request``, ``get_wrapper_model``) on a run that is stopped
+before its first request reaches the model; a tool is called through its toolset's
+``tool_for_tool_def``. What the adapter assumes of that API is checked when a flow is
+built (:mod:`.needs`): a release that breaks it is named, with its version.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import pydantic_core
 from pydantic import ValidationError
 from pydantic_ai import Agent, RunContext
-from pydantic_ai._output import build_retried_tool_return
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ModelRetry, ToolFailed, UnexpectedModelBehavior
 from pydantic_ai.messages import (
     ModelMessage,
@@ -46,7 +52,7 @@ from pydantic_ai.messages import (
     TextPart,
     ToolReturnPart,
 )
-from pydantic_ai.models import Model, ModelRequestParameters, infer_model
+from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import Tool as AgentTool
@@ -64,6 +70,7 @@ from runledger.flows import (
     using_tool_context,
 )
 from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
+from runledger.integrations.pydantic_ai import needs
 from runledger.integrations.pydantic_ai.records import (
     failure,
     model_visible,
@@ -71,6 +78,7 @@ from runledger.integrations.pydantic_ai.records import (
     record_to_response,
     response_to_record,
     tool_result,
+    validation_content,
 )
 from runledger.model import Safety
 
@@ -121,6 +129,7 @@ def agent_flow(
       runs alone, after the calls before it and before the calls after it, as in
       Pydantic AI.
     """
+    needs.check()
     tools = _agent_tools(agent)
     check_safety(tools, safety)
     adapter = _Adapter(agent, tools, prompt or default_prompt, deps)
@@ -143,9 +152,9 @@ def agent_flow(
     return flow
 
 
-def _agent_tools(agent: Agent[Any, Any]) -> dict[str, tuple[AgentTool[Any], int | None]]:
-    """Every function tool of the agent, with its toolset's retry default."""
-    tools: dict[str, tuple[AgentTool[Any], int | None]] = {}
+def _agent_tools(agent: Agent[Any, Any]) -> dict[str, tuple[AgentTool[Any], FunctionToolset[Any]]]:
+    """Every function tool of the agent, with its toolset."""
+    tools: dict[str, tuple[AgentTool[Any], FunctionToolset[Any]]] = {}
     for toolset in agent.toolsets:
         if not isinstance(toolset, FunctionToolset):
             raise ValueError(
@@ -153,7 +162,7 @@ def _agent_tools(agent: Agent[Any, Any]) -> dict[str, tuple[AgentTool[Any], int 
                 "be journaled"
             )
         for tool_name, tool in toolset.tools.items():
-            tools[tool_name] = (tool, toolset.max_retries)
+            tools[tool_name] = (tool, toolset)
     return tools
 
 
@@ -163,7 +172,7 @@ class _Adapter:
     def __init__(
         self,
         agent: Agent[Any, Any],
-        tools: dict[str, tuple[AgentTool[Any], int | None]],
+        tools: dict[str, tuple[AgentTool[Any], FunctionToolset[Any]]],
         prompt: PromptFn,
         deps: DepsFn | None,
     ) -> None:
@@ -174,77 +183,67 @@ class _Adapter:
 
     # -- tools --------------------------------------------------------------------------
 
-    def max_retries(self, tool_name: str) -> int:
-        tool, toolset_default = self.tools[tool_name]
+    def max_retries(self, tool_name: str, run: RunContext[Any]) -> int:
+        """The tool's retry budget: the tool's own, its toolset's, or the run's default (the
+        agent's ``retries``, or what ``agent.override``/``run`` set), as Pydantic AI
+        resolves it."""
+        tool, toolset = self.tools[tool_name]
         if tool.max_retries is not None:
             return tool.max_retries
-        if toolset_default is not None:
-            return toolset_default
-        return int(self.agent._max_tool_retries)
-
-    def model(self) -> Model:
-        """The model ``agent.run`` would use now (an ``agent.override`` included)."""
-        resolve = getattr(self.agent, "_get_model_outside_run", None)
-        if resolve is not None:
-            return cast(Model, resolve())
-        model = self.agent.model
-        if model is None:
-            raise ValueError("the agent has no model")
-        return model if isinstance(model, Model) else infer_model(model)
+        if toolset.max_retries is not None:
+            return toolset.max_retries
+        return run.max_retries
 
     def tool_fn(self, tool: AgentTool[Any]) -> Callable[..., Any]:
         """A runledger tool function (``ctx`` first) that runs the agent's tool function:
         ``def`` for a ``def`` (runledger waits for the thread), ``async def`` otherwise."""
-        schema = tool.function_schema
-
-        def bind(ctx: ToolContext, args: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-            try:
-                validated = dict(schema.validator.validate_python(args))
-            except ValidationError as exc:
-                part = build_retried_tool_return(exc, tool_name=tool.name)
-                raise not_applied("retried", part.content, "validation_error") from exc
-            positional: list[Any] = [self.run_context(ctx, tool)] if schema.takes_ctx else []
-            positional += [validated.pop(f) for f in schema.positional_fields]
-            if schema.var_positional_field:
-                positional += validated.pop(schema.var_positional_field)
-            return positional, validated
-
-        if schema.is_async:
+        if inspect.iscoroutinefunction(tool.function):
 
             async def call_async(ctx: ToolContext, /, **args: Any) -> Any:
                 with using_tool_context(ctx):
-                    positional, kwargs = bind(ctx, args)
-                    try:
-                        return tool_result(await schema.function(*positional, **kwargs))
-                    except (ModelRetry, ToolFailed) as exc:
-                        raise model_visible(exc) from exc
+                    return await self.invoke(ctx, tool, args)
 
             call_async.__name__ = tool.name
             call_async.__doc__ = tool.description
             return call_async
 
         def call(ctx: ToolContext, /, **args: Any) -> Any:
+            # the worker runs a def in a thread of its own: no event loop runs here
             with using_tool_context(ctx):
-                positional, kwargs = bind(ctx, args)
-                try:
-                    return tool_result(schema.function(*positional, **kwargs))
-                except (ModelRetry, ToolFailed) as exc:
-                    raise model_visible(exc) from exc
+                return asyncio.run(self.invoke(ctx, tool, args))
 
         call.__name__ = tool.name
         call.__doc__ = tool.description
         return call
 
-    def run_context(self, ctx: ToolContext, tool: AgentTool[Any]) -> RunContext[Any]:
-        """The ``RunContext`` a Pydantic AI tool gets. ``retry`` is 0 and ``tool_call_id``
-        is None: the journal, not the run context, counts attempts (``ctx.attempt``)."""
+    async def invoke(self, ctx: ToolContext, tool: AgentTool[Any], args: dict[str, Any]) -> Any:
+        """Validate the arguments and call the tool as its toolset calls it (the tool's own
+        timeout is runledger's: a call that outlives it is ambiguous, not retried)."""
+        run = await self.run_context(ctx, tool)
+        toolset = self.tools[tool.name][1]
+        built = toolset.tool_for_tool_def(tool.tool_def, ctx=run, original_name=tool.name)
+        try:
+            validated = dict(built.args_validator.validate_python(args))
+        except ValidationError as exc:
+            raise not_applied("retried", validation_content(exc), "validation_error") from exc
+        try:
+            return tool_result(await built.call_func(validated, run))
+        except (ModelRetry, ToolFailed) as exc:
+            raise model_visible(exc) from exc
+
+    async def run_context(self, ctx: ToolContext, tool: AgentTool[Any]) -> RunContext[Any]:
+        """The ``RunContext`` a Pydantic AI tool gets, with the model ``agent.run`` would use
+        now. ``retry`` is 0 and ``tool_call_id`` is None: the journal, not the run context,
+        counts attempts (``ctx.attempt``)."""
+        deps = self.deps(ctx) if self.deps else None
+        captured = await self.capture("", deps)
         return RunContext(
-            deps=self.deps(ctx) if self.deps else None,
-            model=self.model(),
+            deps=deps,
+            model=captured.run.model,
             usage=RunUsage(),
             agent=self.agent,
             tool_name=tool.name,
-            max_retries=self.max_retries(tool.name),
+            max_retries=self.max_retries(tool.name, captured.run),
             run_id=ctx.run_id,
         )
 
@@ -256,27 +255,24 @@ class _Adapter:
         deps = self.deps(ctx) if self.deps else None
         if not history:
             return await self.request(prompt, None, deps)
-        first = await self.first_request(prompt, deps)
-        messages: list[ModelMessage] = [first]
+        first = await self.capture(prompt, deps)
+        messages: list[ModelMessage] = [first.sent]
         retries: dict[str, int] = {}
         for turn in history:
             response = record_to_response(turn.record)
-            parts, retries = self.returns(turn, response, retries)
-            messages += [response, ModelRequest(parts=parts, instructions=first.instructions)]
+            parts, retries = self.returns(turn, response, retries, first.run)
+            messages += [response, ModelRequest(parts=parts, instructions=first.sent.instructions)]
         return await self.request(None, messages, deps)
 
-    async def first_request(self, prompt: Any, deps: Any) -> ModelRequest:
+    async def capture(self, prompt: Any, deps: Any) -> _Capture:
         """The run's first request (system prompts, prompt, instructions) as ``agent.run``
-        builds it, captured without asking the model."""
-        capture = _CaptureRequest(self.model())
-        with self.agent.override(model=capture):
-            async with self.agent.iter(prompt, deps=deps) as run:
-                async for _ in run:
-                    if capture.sent is not None:
-                        break
-        if capture.sent is None:
-            raise RuntimeError("the agent run ended before its first model request")
-        return capture.sent
+        builds it, and its run context, captured without asking the model."""
+        capture = _Capture()
+        async with self.agent.iter(prompt, deps=deps, capabilities=[capture]) as run:
+            async for _ in run:
+                if capture.model is not None and capture.model.sent is not None:
+                    break
+        return capture
 
     async def request(
         self, prompt: Any, messages: list[ModelMessage] | None, deps: Any
@@ -313,7 +309,11 @@ class _Adapter:
         return [ToolCall(p.tool_name, p.args_as_dict(), provider_id=p.tool_call_id) for p in parts]
 
     def returns(
-        self, turn: HistoryTurn, response: ModelResponse, retries: dict[str, int]
+        self,
+        turn: HistoryTurn,
+        response: ModelResponse,
+        retries: dict[str, int],
+        run: RunContext[Any],
     ) -> tuple[list[ToolReturnPart], dict[str, int]]:
         """The tool results of one turn as ``agent.run`` would send them, and the tools'
         retry counts after the turn (Pydantic AI's rule: a success resets a tool's count,
@@ -339,7 +339,7 @@ class _Adapter:
             kind, cause, content = failure(call)
             retry: RetryInfo[Any] | None = None
             if kind == "retried":
-                limit = self.max_retries(call.tool)
+                limit = self.max_retries(call.tool, run)
                 used = retries.get(call.tool, 0)
                 if used >= limit:
                     raise UnexpectedModelBehavior(
@@ -377,3 +377,36 @@ class _CaptureRequest(WrapperModel):
         assert isinstance(last, ModelRequest)
         self.sent = last
         return ModelResponse(parts=[TextPart("")], model_name=self.model_name)
+
+
+class _Capture(AbstractCapability[Any]):
+    """A capability that keeps the run context of the run's first model request and
+    serves that request with :class:`_CaptureRequest` around the model the run chose."""
+
+    def __init__(self) -> None:
+        self.model: _CaptureRequest | None = None
+        self.context: RunContext[Any] | None = None
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        if self.context is None:
+            self.context = ctx
+        return request_context
+
+    def get_wrapper_model(self, model: Model) -> Model | None:
+        if self.model is None:
+            self.model = _CaptureRequest(model)
+        return self.model
+
+    @property
+    def sent(self) -> ModelRequest:
+        if self.model is None or self.model.sent is None:
+            raise RuntimeError("the agent run ended before its first model request")
+        return self.model.sent
+
+    @property
+    def run(self) -> RunContext[Any]:
+        if self.context is None:
+            raise RuntimeError("the agent run ended before its first model request")
+        return self.context

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import pydantic_core
+from pydantic import ValidationError
 from pydantic_ai.exceptions import ModelRetry, ToolFailed
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, ToolReturn
 
@@ -38,6 +39,25 @@ def tool_result(value: Any) -> Any:
     if isinstance(value, ToolReturn):
         value = value.return_value
     return pydantic_core.to_jsonable_python(value, fallback=str)
+
+
+def validation_content(exc: ValidationError) -> list[dict[str, Any]]:
+    """What the model is shown for arguments that fail validation, as ``agent.run`` shows
+    it: each error without its ``ctx`` (the validator's context is the application's, not
+    the model's) and the input that failed once (a later error at the top level that
+    repeats the same input leaves it out)."""
+    out: list[dict[str, Any]] = []
+    root_input: Any = None
+    seen_root = False
+    for detail in exc.errors(include_url=False, include_context=False):
+        shown = {k: v for k, v in detail.items() if k != "ctx"}
+        if len(detail.get("loc", ())) <= 1:
+            if not seen_root:
+                root_input, seen_root = detail.get("input"), True
+            elif detail.get("input") == root_input:
+                shown.pop("input", None)
+        out.append(cast(dict[str, Any], pydantic_core.to_jsonable_python(shown, fallback=str)))
+    return out
 
 
 def not_applied(kind: str, content: Any, cause: str | None = None) -> NotApplied:
