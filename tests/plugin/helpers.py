@@ -1,4 +1,5 @@
-"""What the plugin tests share: the README's example and running pytest as a user would."""
+"""What the plugin tests share: the example of docs/testing.md and running pytest as a
+user would."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+TESTING_DOC = REPO / "docs" / "testing.md"
 
 
-def readme_example() -> str:
-    """The python block of the README's "Testing your agent" section, exactly as shown."""
-    text = README.read_text()
+def docs_example() -> str:
+    """The python block of docs/testing.md's "Testing your agent" section, exactly as shown."""
+    text = TESTING_DOC.read_text()
     start = text.index("## Testing your agent")
     end = text.index("\n## ", start + 1)
     blocks = re.findall(r"^```python\n(.*?)^```", text[start:end], re.S | re.M)
