@@ -128,6 +128,11 @@ class ConfigurationError(RunLedgerError):
     """Settings are missing or inconsistent (for example no database URL)."""
 
 
+class DirectoryNotEmpty(RunLedgerError):
+    """``runledger init DIR``: DIR exists and holds something, or is not a directory (the
+    starter project is written only into a new or empty directory)."""
+
+
 REGISTRY: dict[str, type[RunLedgerError]] = {
     cls.sqlstate: cls
     for cls in (

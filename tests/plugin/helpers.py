@@ -1,19 +1,21 @@
-"""What the plugin tests share: the README's example and running pytest as a user would."""
+"""What the plugin tests share: the example of docs/testing.md and running pytest as a
+user would."""
 
 from __future__ import annotations
 
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
+TESTING_DOC = REPO / "docs" / "testing.md"
 
 
-def readme_example() -> str:
-    """The python block of the README's "Testing your agent" section, exactly as shown."""
-    text = README.read_text()
+def docs_example() -> str:
+    """The python block of docs/testing.md's "Testing your agent" section, exactly as shown."""
+    text = TESTING_DOC.read_text()
     start = text.index("## Testing your agent")
     end = text.index("\n## ", start + 1)
     blocks = re.findall(r"^```python\n(.*?)^```", text[start:end], re.S | re.M)
@@ -52,3 +54,18 @@ def passed_count(output: str) -> int:
     """N in pytest's final "N passed" line (0 when nothing passed)."""
     m = re.search(r"(\d+) passed", output.strip().splitlines()[-1] if output.strip() else "")
     return int(m.group(1)) if m else 0
+
+
+def fresh_venv(where: Path, requirement: str) -> Path:
+    """A virtualenv at ``where`` with ``requirement`` installed; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
+    python = where / "bin" / "python"
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-compile", requirement],
+        env=user_env(None),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    return python

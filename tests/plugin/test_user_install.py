@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runledger.testing.postgres import Server
-from tests.plugin.helpers import REPO, passed_count, readme_example, run_pytest, user_env
+from tests.plugin.helpers import REPO, docs_example, passed_count, run_pytest, user_env
 
 FLOW_MODULE = """
 from runledger import Flow, ToolCall
@@ -123,7 +123,7 @@ def test_user_installs_testing_extra_and_runs_pytest(
 
     (project / "myflows.py").write_text(FLOW_MODULE)
     (project / "test_mine.py").write_text(USER_TESTS)
-    (project / "test_refund.py").write_text(readme_example())
+    (project / "test_refund.py").write_text(docs_example())
     # With local PostgreSQL binaries the venv finds them itself (what [testing] alone can
     # do); otherwise it uses the server this session found.
     url = None if runledger_server.backend == "local" else runledger_server.admin_url

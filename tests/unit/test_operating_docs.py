@@ -1,12 +1,12 @@
-"""docs/operating.md and the README's "Operating runledger" section say what the read
+"""docs/operating.md and docs/on-call.md's "The read commands" section say what the read
 commands do (no database):
 
 - every read command has its section in operating.md, and every option it takes is named
   there;
-- every command line shown (``$ runledger ...`` in the README's output blocks, and the
+- every command line shown (``$ runledger ...`` in on-call.md's output blocks, and the
   synopsis lines of operating.md) parses with the real CLI: the command and each option
   exist, and each value is one the option accepts;
-- the README's output shows the states it explains (a run whose lease expired with no
+- on-call.md's output shows the states it explains (a run whose lease expired with no
   live worker, a silent worker, the resolve line).
 """
 
@@ -23,7 +23,7 @@ from runledger import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATING = ROOT / "docs" / "operating.md"
-README = ROOT / "README.md"
+ON_CALL = ROOT / "docs" / "on-call.md"
 READS = ("list", "show", "workers", "unknown", "events")
 
 
@@ -32,9 +32,9 @@ def _sections(text: str) -> dict[str, str]:
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
-def _readme_section() -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("## Operating runledger")
+def _on_call_section() -> str:
+    text = ON_CALL.read_text(encoding="utf-8")
+    start = text.index("## The read commands")
     return text[start : text.index("\n## ", start + 1)]
 
 
@@ -62,7 +62,7 @@ def _parse(line: str) -> None:
 
 
 def _shown_lines() -> list[str]:
-    lines = [m.group(1) for m in re.finditer(r"^\$ (runledger .*)$", _readme_section(), re.M)]
+    lines = [m.group(1) for m in re.finditer(r"^\$ (runledger .*)$", _on_call_section(), re.M)]
     for block in re.findall(r"```text\n(.*?)```", OPERATING.read_text(encoding="utf-8"), re.S):
         # a synopsis: drop the [optional] brackets, keep one example of each option
         joined = " ".join(block.split())
@@ -85,8 +85,8 @@ def test_the_command_lines_shown_parse() -> None:
         _parse(line)
 
 
-def test_the_readme_output_shows_what_it_explains() -> None:
-    section = _readme_section()
+def test_the_on_call_output_shows_what_it_explains() -> None:
+    section = _on_call_section()
     assert "lease expired, no live worker" in section
     assert re.search(r"│ silent +│", section)
     assert re.search(r"^    runledger resolve \S+ applied\|not_applied\|abandoned$", section, re.M)

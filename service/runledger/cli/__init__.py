@@ -12,7 +12,7 @@ entry point. Each command group is a module of this package:
 ``migrate``           migrate
 ``worker``            worker
 ``console``           console (the web console, :mod:`runledger.console`)
-``start``             demo (and init DIR)
+``start``             demo, init DIR
 ====================  ==================================================================
 
 What they share: ``options`` (every option and its environment variable, the client,
@@ -101,7 +101,7 @@ for command in (
     worker.worker,
     console.console,
     start.demo,
-    # start.init: `runledger init DIR`, once it is written in cli/start.py
+    start.init,
 ):
     main.add_command(command)
 

@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from runledger import errors
 from runledger.cli.exits import EXIT_FAILED, fail
 from runledger.cli.options import CONTEXT, opt
 
@@ -85,5 +86,19 @@ def demo(
     sys.exit(code)
 
 
-# `runledger init DIR` (a starter project: service/runledger/starter/) goes here, as a
-# @click.command beside demo, and is registered in runledger/cli/__init__.py.
+@click.command(context_settings=CONTEXT)
+@click.argument("directory", metavar="DIR", type=click.Path())
+def init(directory: str) -> None:
+    """Write a starter project into DIR: a flow with an idempotent and an unsafe tool, its
+    pytest test that SIGKILLs a worker mid-call, and a README.
+
+    DIR must be new or empty: otherwise exit 2, and nothing is written.
+    """
+    from runledger.starter import write_project
+
+    try:
+        written = write_project(directory)
+    except errors.DirectoryNotEmpty as exc:
+        raise click.BadParameter(str(exc), param_hint="'DIR'") from None
+    click.echo(f"wrote {', '.join(p.name for p in written)} in {directory}")
+    click.echo(f"next: cd {directory} && pip install 'runledger-pg[testing]' && pytest")

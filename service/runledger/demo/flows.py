@@ -1,6 +1,6 @@
 """Demo and test flows; every tool talks to the fake provider (``RUNLEDGER_PROVIDER_URL``).
 
-- ``ticket-triage@1``: the README's agent: open a ticket, then e-mail its id.
+- ``ticket-triage@1``: the agent of docs/guide.md: open a ticket, then e-mail its id.
 - ``scripted@1``: the policy replays ``input["plan"]`` (a list of turns, each a list of
   ``{"tool", "args"}``), so a test chooses exactly which tools run in which turn. It
   has one tool of every safety class.
@@ -26,7 +26,7 @@ def provider() -> ProviderClient:
     return ProviderClient.from_env()
 
 
-# -- the README agent --------------------------------------------------------------
+# -- the agent of docs/guide.md ----------------------------------------------------
 
 triage = Flow("ticket-triage", version="1")
 

@@ -274,9 +274,7 @@ def _require_pydantic_ai() -> None:
     import importlib.util
 
     if importlib.util.find_spec("pydantic_ai") is None:
-        raise DemoError(
-            "the demo's agent needs Pydantic AI: pip install 'runledger-pg[pydantic-ai]'"
-        )
+        raise DemoError("the demo's agent needs Pydantic AI: pip install 'runledger-pg[demo]'")
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The README's two flows (``## An agent``) run as shown: each python block is written
+"""The two flows of docs/guide.md (``## An agent``) run as shown: each python block is written
 to the module its first line names, next to a ``myapp.clients`` with in-memory clients,
 and driven by a real worker against a real database. The agent's model is replaced
 with a scripted ``FunctionModel`` through ``agent.override``, as a user's test does."""
@@ -18,7 +18,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from tests.integration.conftest import Db, StartWorker
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
 
 CLIENTS = """
 class Helpdesk:
@@ -44,9 +44,9 @@ helpdesk, mailer = Helpdesk(), Mailer()
 """
 
 
-def readme_blocks() -> dict[str, str]:
-    """``{module path: code}`` of the python blocks of the README's "An agent" section."""
-    text = README.read_text(encoding="utf-8")
+def guide_blocks() -> dict[str, str]:
+    """``{module path: code}`` of the python blocks of the guide's "An agent" section."""
+    text = GUIDE.read_text(encoding="utf-8")
     start = text.index("## An agent\n")
     end = text.index("\n## ", start + 1)
     blocks = re.findall(r"^```python\n(.*?)^```", text[start:end], re.S | re.M)
@@ -67,7 +67,7 @@ def myapp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "clients.py").write_text(CLIENTS)
-    for path, code in readme_blocks().items():
+    for path, code in guide_blocks().items():
         (tmp_path / path).write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
