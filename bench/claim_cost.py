@@ -3,7 +3,7 @@
     .venv/bin/python bench/claim_cost.py [--workers 10] [--held 4] [--backlog 1000] [--claims 500]
 
 Setup: ``--workers`` listener sessions, each registered (``register_worker_v2`` with a
-session lock where the schema has it, else ``register_worker``), each holding ``--held``
+session lock), each holding ``--held``
 running runs; ``--backlog`` queued runs of another flow. Then, alternating, on one
 connection: an *idle* claim (a flow with running runs but nothing claimable: the poll of
 a worker with nothing to do) and a *busy* claim (one run from the backlog, handed back at
@@ -38,30 +38,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with database() as db, ExitStack() as stack:
         conn = stack.enter_context(psycopg.connect(db.url, autocommit=True))
-        v2 = conn.execute(
-            "SELECT to_regproc('runledger.register_worker_v2') IS NOT NULL"
-        ).fetchone()
-        locks = bool(v2 and v2[0])
-        say(f"PostgreSQL {db.version}; session locks in this schema: {locks}")
+        say(f"PostgreSQL {db.version}")
         for w in range(args.workers):
             listener = stack.enter_context(psycopg.connect(db.url, autocommit=True))
             wid = f"cc-w{w}"
-            if locks:
-                listener.execute(
-                    "SELECT * FROM runledger.register_worker_v2(%s, 'h', 1, %s, true)",
-                    (wid, ["held@1"]),
-                )
-            else:
-                listener.execute(
-                    "SELECT runledger.register_worker(%s, 'h', 1, %s)", (wid, ["held@1"])
-                )
+            listener.execute(
+                "SELECT * FROM runledger.register_worker_v2(%s, 'h', 1, %s, true)",
+                (wid, ["held@1"]),
+            )
             for n in range(args.held):
                 conn.execute(
                     "SELECT * FROM runledger.submit_run(%s, 'held', '1', %s)",
                     (f"cc-held-{w}-{n}", Jsonb({})),
                 )
             conn.execute(
-                "SELECT * FROM runledger.claim_runs(%s, %s, %s, %s)",
+                "SELECT * FROM runledger.claim_runs_v4(%s, %s, %s, %s)",
                 (wid, ["held@1"], LEASE, args.held),
             )
         conn.execute(
@@ -76,13 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.claims):
             t = time.perf_counter()
             conn.execute(
-                "SELECT * FROM runledger.claim_runs_v2(%s, %s, %s, 4)",
+                "SELECT * FROM runledger.claim_runs_v4(%s, %s, %s, 4)",
                 (claimer, ["held@1"], LEASE),
             ).fetchall()
             idle.append((time.perf_counter() - t) * 1000)
             t = time.perf_counter()
             rows: list[Any] = conn.execute(
-                "SELECT run_id, lease_id, fencing_token FROM runledger.claim_runs_v2"
+                "SELECT run_id, lease_id, fencing_token FROM runledger.claim_runs_v4"
                 "(%s, %s, %s, 1)",
                 (claimer, ["queued@1"], LEASE),
             ).fetchall()

@@ -1,8 +1,10 @@
-"""Cost of one claim_runs call as the backlog grows, against a baseline in the same run.
+"""Cost of one claim_runs_v4 call as the backlog grows, against a baseline in the same run.
 
 The baseline is the claim query as it was before the index-ordered rewrite (one scan
 of every claimable row, then a sort), installed beside the current one as
 ``runledger.claim_runs_baseline``. Both claim from the same backlog, alternating.
+``claim_runs_v4`` (the worker's claim) also returns each claimed run's journal, which
+the baseline does not read: a backlog's runs have none, so that costs little here.
 
     .venv/bin/python bench/claim_scaling.py [--backlogs 10000,100000,1000000] [--claims 200]
         [--baseline-max 100000] [--no-analyze]
@@ -59,12 +61,12 @@ def main() -> None:
         "--no-analyze",
         action="store_true",
         help="claim before the backlog is analyzed (a burst claimed before autovacuum's next"
-        " analyze; revision 0022)",
+        " analyze)",
     )
     args = parser.parse_args()
     with database() as db:
         print(f"PostgreSQL {db.version}, {db.source}")
-        print("| queued runs | claim_runs ms (median) | baseline ms (median) | speed-up |")
+        print("| queued runs | claim_runs_v4 ms (median) | baseline ms (median) | speed-up |")
         print("|---:|---:|---:|---:|")
         for backlog in (int(x) for x in args.backlogs.split(",")):
             _measure(
@@ -89,8 +91,10 @@ def _measure(url: str, backlog: int, claims: int, baseline_max: int, *, analyze:
         )
         if analyze:
             c.execute("ANALYZE runledger.runs")
-        timings: dict[str, list[float]] = {"claim_runs": [], "baseline": []}
-        statements = [("claim_runs", "SELECT * FROM runledger.claim_runs('w', %s, '1 min', 1)")]
+        timings: dict[str, list[float]] = {"claim_runs_v4": [], "baseline": []}
+        statements = [
+            ("claim_runs_v4", "SELECT * FROM runledger.claim_runs_v4('w', %s, '1 min', 1)")
+        ]
         if backlog <= baseline_max:
             statements.append(
                 ("baseline", "SELECT * FROM runledger.claim_runs_baseline('w', %s, '1 min', 1)")
@@ -100,7 +104,7 @@ def _measure(url: str, backlog: int, claims: int, baseline_max: int, *, analyze:
                 t0 = time.perf_counter()
                 c.execute(sql, (["a@1", "b@1"],)).fetchall()  # type: ignore[arg-type]
                 timings[name].append((time.perf_counter() - t0) * 1000)
-        new = statistics.median(timings["claim_runs"])
+        new = statistics.median(timings["claim_runs_v4"])
         if timings["baseline"]:
             old = statistics.median(timings["baseline"])
             print(f"| {backlog} | {new:.2f} | {old:.2f} | {old / new:.1f}x |", flush=True)

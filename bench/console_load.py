@@ -110,7 +110,8 @@ def plant(url: str, n: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         t0 = time.monotonic()
         conn.execute(
-            "SELECT runledger.register_worker('w-bench', 'bench-host', 1, ARRAY['payments@1'])"
+            "SELECT * FROM runledger.register_worker_v2("
+            "'w-bench', 'bench-host', 1, ARRAY['payments@1'], false)"
         )
         conn.execute(PLANT, {"n": n})
         conn.execute(PLANT_CALLS)
