@@ -4,16 +4,19 @@ Two databases on one durable throwaway cluster (fsync on, pg_stat_statements wit
 track = all): ``a`` gets the living SQL of a git ref (default: the merge base with
 ``main``), ``b`` the living SQL of the working tree. Each repetition runs the same
 sequence on both, alternating which goes first, one autocommit transaction per call as
-a worker makes them:
+a worker makes them (``--sequence fast``, the default: what the worker sends):
 
-    claim_runs; 3 x [record_turn_v2 (3 calls), 3 x (dispatch_call, complete_call),
-    checkpoint]; record_turn_v2 (the empty final decision); finish_run
+    claim_runs_v4; 3 x [record_turn_v4 (3 calls, with the checkpoint before it,
+    dispatching the first), 3 x complete_call_v2 (each dispatching the next)];
+    record_turn_v4 (the empty final decision, which finishes the run)
+
+Both schemas need the functions of that sequence (any ref since revision 0018).
 
 Reported per statement: the median over repetitions of pg_stat_statements' mean time
 (top level, and the nested statements of the helpers); per tool call: the backend's CPU
 (``/proc/<pid>/stat``), the wall time and the transactions. Ratios are b / a.
 
-    .venv/bin/python bench/hot_sql.py --reps 7 --runs 100 [--ref REF]
+    .venv/bin/python bench/hot_sql.py --reps 7 --runs 100 [--ref REF] [--sequence fast|steps|group]
 """
 
 from __future__ import annotations
@@ -40,8 +43,6 @@ TURNS = 3
 CALLS = 3
 FLOW = "bench-agent"
 SEQUENCE = "fast"
-# the claim of the fast and group sequences (--claim): the worker sends claim_runs_v4
-CLAIM = "claim_runs_v2"
 
 
 def living_sql_of(ref: str | None) -> str:
@@ -83,20 +84,29 @@ def submit(conn: psycopg.Connection[Any], prefix: str, runs: int) -> None:
     )
 
 
-def one_run(conn: psycopg.Connection[Any], worker: str) -> None:
+# record_turn_v4's arguments after the lease's: turn, calls, record, output,
+# expected version, state, finish, dispatch
+TURN_ARGS = "%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s::jsonb, %s, %s::text[]"
+
+
+def one_steps_run(conn: psycopg.Connection[Any], worker: str) -> None:
+    """One transaction per step, nothing merged: the decision alone (``record_turn_v4``
+    with no checkpoint and no dispatch), ``dispatch_call`` and ``complete_call`` per call,
+    ``checkpoint``, and ``finish_run`` after the final decision."""
     ex = conn.execute
     row = ex(
-        "SELECT * FROM runledger.claim_runs(%s, %s::text[], %s::interval, %s)",
+        "SELECT run_id, state_version, fencing_token, lease_id "
+        "FROM runledger.claim_runs_v4(%s, %s::text[], %s::interval, %s)",
         (worker, [f"{FLOW}@1"], "30 seconds", 1),
     ).fetchone()
     assert row is not None, "nothing to claim"
-    run_id, version, token, lease = row[0], row[5], row[6], row[7]
+    run_id, version, token, lease = row
     lease_args = (run_id, lease, token)
     for turn in range(TURNS):
         calls = [{"call_id": f"c{i}", "tool": "noop", "args": {"i": i}} for i in range(CALLS)]
         ex(
-            "SELECT runledger.record_turn_v2(%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb)",
-            (*lease_args, turn, Jsonb(calls), None, None),
+            f"SELECT state_version FROM runledger.record_turn_v4({TURN_ARGS})",
+            (*lease_args, turn, Jsonb(calls), None, None, version, None, False, None),
         )
         for i in range(CALLS):
             key = f"{run_id}:{turn}:c{i}"
@@ -110,8 +120,8 @@ def one_run(conn: psycopg.Connection[Any], worker: str) -> None:
             (*lease_args, version, Jsonb({"turn": turn + 1})),
         ).fetchone()[0]  # type: ignore[index]
     ex(
-        "SELECT runledger.record_turn_v2(%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb)",
-        (*lease_args, TURNS, Jsonb([]), None, Jsonb({"done": True})),
+        f"SELECT state_version FROM runledger.record_turn_v4({TURN_ARGS})",
+        (*lease_args, TURNS, Jsonb([]), None, Jsonb({"done": True}), version, None, False, None),
     )
     ex(
         "SELECT runledger.finish_run(%s, %s, %s, %s, %s::jsonb, %s)",
@@ -120,25 +130,19 @@ def one_run(conn: psycopg.Connection[Any], worker: str) -> None:
 
 
 def one_fast_run(conn: psycopg.Connection[Any], worker: str) -> None:
-    """What the worker sends on this schema since revision 0008: the journal comes with
-    the claim, the checkpoint rides on the next decision, a call's completion dispatches
-    the next one, and the final empty decision finishes the run. Since 0009
-    (``record_turn_v4``, when the schema has it) the decision also dispatches its first
-    call."""
+    """What the worker sends: the journal comes with the claim (``claim_runs_v4``), the
+    checkpoint rides on the next decision, which also dispatches its first call
+    (``record_turn_v4``), a call's completion dispatches the next one
+    (``complete_call_v2``), and the final empty decision finishes the run."""
     ex = conn.execute
-    v4 = ex(
-        "SELECT to_regprocedure('runledger.record_turn_v4(text, uuid, bigint, int, jsonb, "
-        "jsonb, jsonb, bigint, jsonb, boolean, text[])') IS NOT NULL"
-    ).fetchone()[0]  # type: ignore[index]
     row = ex(
         "SELECT run_id, state_version, fencing_token, lease_id "
-        f"FROM runledger.{CLAIM}(%s, %s::text[], %s::interval, %s)",
+        "FROM runledger.claim_runs_v4(%s, %s::text[], %s::interval, %s)",
         (worker, [f"{FLOW}@1"], "30 seconds", 1),
     ).fetchone()
     assert row is not None, "nothing to claim"
     run_id, version, token, lease = row
     lease_args = (run_id, lease, token)
-    turn_args = "%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s::jsonb, %s"
     for turn in range(TURNS + 1):
         final = turn == TURNS
         calls = (
@@ -156,20 +160,14 @@ def one_fast_run(conn: psycopg.Connection[Any], worker: str) -> None:
             version,
             state,
             final,
+            [] if final else ["c0"],
         )
-        if v4:
-            first = [] if final else ["c0"]
-            version = ex(
-                f"SELECT state_version FROM runledger.record_turn_v4({turn_args}, %s::text[])",
-                (*args, first),
-            ).fetchone()[0]  # type: ignore[index]
-        else:
-            version = ex(f"SELECT runledger.record_turn_v3({turn_args})", args).fetchone()[0]  # type: ignore[index]
+        version = ex(
+            f"SELECT state_version FROM runledger.record_turn_v4({TURN_ARGS})", args
+        ).fetchone()[0]  # type: ignore[index]
         if final:
             break
         keys = [f"{run_id}:{turn}:c{i}" for i in range(CALLS)]
-        if not v4:
-            ex("SELECT runledger.dispatch_call(%s, %s, %s, %s) AS attempt", (*lease_args, keys[0]))
         for i, key in enumerate(keys):
             ex(
                 "SELECT runledger.complete_call_v2(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s)",
@@ -186,28 +184,22 @@ def one_fast_run(conn: psycopg.Connection[Any], worker: str) -> None:
 
 def one_group_run(conn: psycopg.Connection[Any], worker: str) -> None:
     """A parallel flow's run: each decision dispatches its group of three calls
-    (``record_turn_v4``); their results, ready together, are one ``complete_calls`` on a
-    schema that has it (revision 0018), else one ``complete_call`` each."""
+    (``record_turn_v4``); their results, ready together, are one ``complete_calls``."""
     ex = conn.execute
-    batched = ex(
-        "SELECT to_regprocedure('runledger.complete_calls(text, uuid, bigint, text[], text[], "
-        "jsonb[], jsonb[], text)') IS NOT NULL"
-    ).fetchone()[0]  # type: ignore[index]
     row = ex(
         "SELECT run_id, state_version, fencing_token, lease_id "
-        f"FROM runledger.{CLAIM}(%s, %s::text[], %s::interval, %s)",
+        "FROM runledger.claim_runs_v4(%s, %s::text[], %s::interval, %s)",
         (worker, [f"{FLOW}@1"], "30 seconds", 1),
     ).fetchone()
     assert row is not None, "nothing to claim"
     run_id, version, token, lease = row
     lease_args = (run_id, lease, token)
-    turn_args = "%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s::jsonb, %s, %s::text[]"
     for turn in range(TURNS + 1):
         final = turn == TURNS
         ids = [] if final else [f"c{i}" for i in range(CALLS)]
         calls = [{"call_id": c, "tool": "noop", "args": {"i": i}} for i, c in enumerate(ids)]
         version = ex(
-            f"SELECT state_version FROM runledger.record_turn_v4({turn_args})",
+            f"SELECT state_version FROM runledger.record_turn_v4({TURN_ARGS})",
             (
                 *lease_args,
                 turn,
@@ -224,21 +216,14 @@ def one_group_run(conn: psycopg.Connection[Any], worker: str) -> None:
             break
         keys = [f"{run_id}:{turn}:{c}" for c in ids]
         results = [Jsonb({"ok": True, "i": i}) for i in range(CALLS)]
-        if batched:
-            ex(
-                "SELECT runledger.complete_calls(%s, %s, %s, %s::text[], %s::text[],"
-                " %s::jsonb[], %s::jsonb[])",
-                (*lease_args, keys, ["succeeded"] * CALLS, results, [None] * CALLS),
-            )
-            continue
-        for key, result in zip(keys, results, strict=True):
-            ex(
-                "SELECT runledger.complete_call(%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
-                (*lease_args, key, "succeeded", result, None),
-            )
+        ex(
+            "SELECT runledger.complete_calls(%s, %s, %s, %s::text[], %s::text[],"
+            " %s::jsonb[], %s::jsonb[])",
+            (*lease_args, keys, ["succeeded"] * CALLS, results, [None] * CALLS),
+        )
 
 
-SEQUENCES = {"fast": one_fast_run, "v2": one_run, "group": one_group_run}
+SEQUENCES = {"fast": one_fast_run, "steps": one_steps_run, "group": one_group_run}
 
 
 def measure(url: str, dbname: str, admin: psycopg.Connection[Any], runs: int) -> dict[str, Any]:
@@ -267,9 +252,8 @@ def measure(url: str, dbname: str, admin: psycopg.Connection[Any], runs: int) ->
         key = ("" if toplevel else "  nested: ") + " ".join(query.split())[:90]
         per[key] = mean
         per["#" + key] = n / (runs - 1)
-    # autocommit: each top-level statement but the schema probes is one transaction
-    probes = sum(n for q, top, n, _ in stats if top and "to_regprocedure" in q)
-    xacts = sum(n for q, top, n, _ in stats if top) - probes
+    # autocommit: each top-level statement is one transaction
+    xacts = sum(n for q, top, n, _ in stats if top)
     return {
         "wall_ms_call": wall * 1000 / calls,
         "cpu_ms_call": cpu * 1000 / calls,
@@ -300,20 +284,13 @@ def main() -> None:
         "--sequence",
         choices=tuple(SEQUENCES),
         default="fast",
-        help="fast: what the worker sends since 0008; v2: one transaction per step, as before;"
-        " group: a parallel flow's run (its group's results in one commit since 0018)",
-    )
-    ap.add_argument(
-        "--claim",
-        choices=("claim_runs_v2", "claim_runs_v3", "claim_runs_v4"),
-        default="claim_runs_v2",
-        help="the claim of the fast and group sequences (the worker sends claim_runs_v4)",
+        help="fast: what the worker sends; steps: one transaction per step, nothing merged;"
+        " group: a parallel flow's run (its group's results in one commit)",
     )
     ap.add_argument("--json", type=Path, default=None, help="also write raw numbers here")
     args = ap.parse_args()
-    global SEQUENCE, CLAIM
+    global SEQUENCE
     SEQUENCE = args.sequence
-    CLAIM = args.claim
     ref = (
         args.ref
         or subprocess.run(
