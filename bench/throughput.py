@@ -15,10 +15,12 @@ are submitted in one statement (one transaction). The time is taken from the dat
 ``max(finished_at) - min(created_at)`` over the scenario's runs.
 
 Baseline, measured in the same invocation on the same database, before any worker runs:
-one process, one connection, a tight loop over the same contract functions per run
-(``submit_run``, ``claim_runs``, ``record_turn``, ``finish_run``; for one-call also
-``dispatch_call``, ``complete_call``, ``checkpoint`` and the second ``record_turn``), no
-tool invoked. The ratio shows what the worker process adds on top of the SQL.
+one process, one connection, a tight loop over the writes the worker makes per run
+(``submit_run``, ``claim_runs_v4``, then ``record_turn_v4`` deciding "done" and
+finishing the run; for one-call the first ``record_turn_v4`` records the call and
+dispatches it, ``complete_call`` stores its result, and the second ``record_turn_v4``
+checkpoints and finishes), no tool invoked. The ratio shows what the worker process adds
+on top of the SQL.
 
 Data on stdout (markdown tables), progress on stderr.
 """
@@ -87,13 +89,14 @@ class Result:
 SUBMIT = "SELECT * FROM runledger.submit_run(%s, 'scripted', '1', %s::jsonb)"
 CLAIM = (
     "SELECT run_id, fencing_token, lease_id, state_version "
-    "FROM runledger.claim_runs(%s, %s::text[], %s::interval, 1)"
+    "FROM runledger.claim_runs_v4(%s, %s::text[], %s::interval, 1)"
 )
-RECORD = "SELECT runledger.record_turn(%s, %s, %s, %s, %s::jsonb)"
-DISPATCH = "SELECT runledger.dispatch_call(%s, %s, %s, %s)"
+# run, lease, token, turn, calls, record, output, expected version, state, finish, dispatch
+RECORD = (
+    "SELECT state_version FROM runledger.record_turn_v4("
+    "%s, %s, %s, %s, %s::jsonb, NULL, %s::jsonb, %s, %s::jsonb, %s, %s::text[])"
+)
 COMPLETE = "SELECT runledger.complete_call(%s, %s, %s, %s, 'succeeded', %s::jsonb, NULL)"
-CHECKPOINT = "SELECT runledger.checkpoint(%s, %s, %s, %s, %s::jsonb)"
-FINISH = "SELECT runledger.finish_run(%s, %s, %s, 'succeeded', %s::jsonb, NULL)"
 
 
 def baseline(
@@ -121,20 +124,20 @@ def baseline(
                 "running against this database?"
             )
         _, token, lease_id, version = row
+        lease_args = (run_id, lease_id, token)
         if kind == "no-op":
-            conn.execute(RECORD, (run_id, lease_id, token, 0, Jsonb([])))
-            result = {"turns": 1, "calls": 0}
-        else:
-            key = f"{run_id}:0:c0"
-            conn.execute(RECORD, (run_id, lease_id, token, 0, Jsonb(READ_CALL)))
-            conn.execute(DISPATCH, (run_id, lease_id, token, key))
-            conn.execute(COMPLETE, (run_id, lease_id, token, key, Jsonb({"what": "x", "seen": 0})))
-            conn.execute(
-                CHECKPOINT, (run_id, lease_id, token, version, Jsonb({"completed_turns": 1}))
-            )
-            conn.execute(RECORD, (run_id, lease_id, token, 1, Jsonb([])))
-            result = {"turns": 2, "calls": 1}
-        conn.execute(FINISH, (run_id, lease_id, token, Jsonb(result)))
+            result = Jsonb({"turns": 1, "calls": 0})
+            conn.execute(RECORD, (*lease_args, 0, Jsonb([]), result, version, None, True, None))
+            continue
+        key = f"{run_id}:0:c0"
+        row = conn.execute(
+            RECORD, (*lease_args, 0, Jsonb(READ_CALL), None, version, None, False, ["c0"])
+        ).fetchone()
+        assert row is not None
+        conn.execute(COMPLETE, (*lease_args, key, Jsonb({"what": "x", "seen": 0})))
+        result = Jsonb({"turns": 2, "calls": 1})
+        state = Jsonb({"completed_turns": 1})
+        conn.execute(RECORD, (*lease_args, 1, Jsonb([]), result, row[0], state, True, None))
 
 
 # -- through workers ------------------------------------------------------------------------
