@@ -263,7 +263,7 @@ async def test_results_that_arrive_during_a_commit_go_in_the_next_one(
     worker = await start_worker(flow)
     store = worker.worker.store
     assert store is not None
-    real = store.complete_checked  # a result committed alone
+    real = store.worker.complete_checked  # a result committed alone
     sent: list[str] = []
 
     async def held(run_id: str, lease_id: Any, token: int, checked: Any) -> None:
@@ -273,7 +273,7 @@ async def test_results_that_arrive_during_a_commit_go_in_the_next_one(
         await eventually(lambda: len(queued.get((run_id, token), [])) == 2, what="c1 and c2 queued")
         await real(run_id, lease_id, token, checked)
 
-    store.complete_checked = held  # type: ignore[method-assign]
+    store.worker.complete_checked = held  # type: ignore[method-assign]
     await db.submit("gc-1", flow)
     run = await db.wait_status("gc-1", "succeeded", "failed", "paused")
     assert run["status"] == "succeeded"

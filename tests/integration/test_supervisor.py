@@ -112,8 +112,8 @@ async def test_a_dead_lease_keeper_stops_the_worker_and_fences_its_runs(
     assert w.store is not None
     store = w.store
     with caplog.at_level(logging.CRITICAL, logger="runledger.worker.process"):
-        w.store.renew_leases = _once(  # type: ignore[method-assign]
-            RuntimeError("bug in the keeper"), store.renew_leases
+        w.store.worker.renew_leases = _once(  # type: ignore[method-assign]
+            RuntimeError("bug in the keeper"), store.worker.renew_leases
         )
         await eventually(task.done, what="the worker to stop")
 
@@ -193,8 +193,8 @@ async def test_an_unexpected_error_in_the_executor_releases_the_lease(
     store = rw.worker.store
     # the tool's effect happened, then recording it fails with something unexpected (a
     # result committed alone goes through complete_checked)
-    store.complete_checked = _once(  # type: ignore[method-assign]
-        RuntimeError("database gone"), store.complete_checked
+    store.worker.complete_checked = _once(  # type: ignore[method-assign]
+        RuntimeError("database gone"), store.worker.complete_checked
     )
     with caplog.at_level(logging.ERROR, logger="runledger.worker.executor"):
         await db.submit("sup-3", flow)

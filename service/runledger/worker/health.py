@@ -21,7 +21,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from runledger.db import migrate, observe
+from runledger.db import revisions
 from runledger.model import ClaimedRun
 from runledger.worker.metrics import PrometheusMetrics
 
@@ -41,7 +41,7 @@ class HealthServer:
         self.metrics = metrics
         self.host = host
         self.port = port
-        self.head = migrate.head()
+        self.head = revisions.head()
         self._server: asyncio.Server | None = None
         metrics.read_holder = self._holder
         metrics.coalescers = lambda: () if worker.store is None else worker.store.coalescers
@@ -50,8 +50,7 @@ class HealthServer:
         store = self.worker.store
         if store is None:
             return None
-        async with store.pool.connection() as conn:
-            return await observe.takeover_holder(conn, run.run_id, run.fencing_token)
+        return await store.registry.takeover_holder(run.run_id, run.fencing_token)
 
     @property
     def bound_port(self) -> int:
@@ -137,8 +136,7 @@ class HealthServer:
             return paused
         try:
             async with asyncio.timeout(READY_TIMEOUT):
-                async with w.store.pool.connection() as conn:
-                    revision = await observe.schema_revision(conn)
+                revision = await w.store.registry.schema_revision()
         except TimeoutError:
             return f"the database did not answer within {READY_TIMEOUT:g} s"
         except Exception as exc:
@@ -153,10 +151,9 @@ class HealthServer:
         if w.store is not None:
             try:
                 async with asyncio.timeout(READY_TIMEOUT):
-                    async with w.store.pool.connection() as conn:
-                        self.metrics.set_queue_depth(
-                            await observe.queue_depth(conn, sorted(w.flows))
-                        )
+                    self.metrics.set_queue_depth(
+                        await w.store.registry.queue_depth(sorted(w.flows))
+                    )
             except Exception as exc:  # the counters are still worth serving
                 log.warning(
                     "queue depth not read: %r",
