@@ -19,14 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from runledger.db import revisions
+from runledger.db.worker_store import WorkerStore
 from runledger.model import ClaimedRun
 from runledger.worker.metrics import PrometheusMetrics
-
-if TYPE_CHECKING:
-    from runledger.worker.process import Worker
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +34,23 @@ REQUEST_TIMEOUT = 5.0  # seconds to read a request line and its headers
 MAX_HEADER_BYTES = 16_384
 
 
+class Served(Protocol):
+    """What the health server reads of the worker it serves
+    (:class:`runledger.worker.process.Worker`, which starts it)."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def stopping(self) -> asyncio.Event: ...
+    @property
+    def store(self) -> WorkerStore | None: ...
+    @property
+    def flows(self) -> Mapping[str, object]: ...
+    def claims_paused_because(self) -> str | None: ...
+
+
 class HealthServer:
-    def __init__(self, worker: Worker, metrics: PrometheusMetrics, host: str, port: int) -> None:
+    def __init__(self, worker: Served, metrics: PrometheusMetrics, host: str, port: int) -> None:
         self.worker = worker
         self.metrics = metrics
         self.host = host
