@@ -163,9 +163,9 @@ async def test_a_renewal_that_races_the_runs_own_end_does_not_drop_it(
     renewed_after_the_end = asyncio.Event()
     final_committed = asyncio.Event()
     real_renew, real_v4, real_fc = (
-        store.worker.renew_leases,
-        store.worker.record_turn,
-        store.worker.finish_and_claim,
+        store.renew_leases,
+        store.record_turn,
+        store.finish_and_claim,
     )
 
     async def renew(*args: Any, **kwargs: Any) -> Any:
@@ -182,9 +182,9 @@ async def test_a_renewal_that_races_the_runs_own_end_does_not_drop_it(
             await asyncio.wait_for(renewed_after_the_end.wait(), timeout=10)
         return answer
 
-    store.worker.renew_leases = renew  # type: ignore[method-assign]
-    store.worker.record_turn = lambda *a, **k: ending(real_v4, *a, **k)  # type: ignore[method-assign]
-    store.worker.finish_and_claim = lambda *a, **k: ending(real_fc, *a, **k)  # type: ignore[method-assign]
+    store.renew_leases = renew  # type: ignore[method-assign]
+    store.record_turn = lambda *a, **k: ending(real_v4, *a, **k)  # type: ignore[method-assign]
+    store.finish_and_claim = lambda *a, **k: ending(real_fc, *a, **k)  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="runledger.worker.process"):
         await db.submit("race-end", flow)
         run = await db.wait_status("race-end", "succeeded", "failed", "paused")
@@ -213,14 +213,14 @@ async def test_a_call_dispatched_by_a_write_that_lands_after_the_fence_is_releas
     store = rw.worker.store
     assert store is not None
     on_its_way, land = asyncio.Event(), asyncio.Event()
-    real = store.worker.record_turn
+    real = store.record_turn
 
     async def held(*args: Any, **kwargs: Any) -> Any:
         on_its_way.set()
         await land.wait()
         return await real(*args, **kwargs)
 
-    store.worker.record_turn = held  # type: ignore[method-assign]
+    store.record_turn = held  # type: ignore[method-assign]
     await db.submit("fenced-dispatch", flow)
     await asyncio.wait_for(on_its_way.wait(), timeout=10)
     rw.worker._fence(rw.worker.active["fenced-dispatch"], "the test fences it")
@@ -255,14 +255,14 @@ async def test_a_dispatch_that_lands_after_the_fence_is_released_as_not_sent(
     store = rw.worker.store
     assert store is not None
     on_its_way, land = asyncio.Event(), asyncio.Event()
-    real = store.worker.dispatch_call
+    real = store.dispatch_call
 
     async def held(*args: Any, **kwargs: Any) -> Any:
         on_its_way.set()
         await land.wait()
         return await real(*args, **kwargs)
 
-    store.worker.dispatch_call = held  # type: ignore[method-assign]
+    store.dispatch_call = held  # type: ignore[method-assign]
     await db.submit("fenced-resend", flow)
     await asyncio.wait_for(on_its_way.wait(), timeout=10)
     rw.worker._fence(rw.worker.active["fenced-resend"], "the test fences it")

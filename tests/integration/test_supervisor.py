@@ -112,8 +112,8 @@ async def test_a_dead_lease_keeper_stops_the_worker_and_fences_its_runs(
     assert w.store is not None
     store = w.store
     with caplog.at_level(logging.CRITICAL, logger="runledger.worker.process"):
-        w.store.worker.renew_leases = _once(  # type: ignore[method-assign]
-            RuntimeError("bug in the keeper"), store.worker.renew_leases
+        w.store.renew_leases = _once(  # type: ignore[method-assign]
+            RuntimeError("bug in the keeper"), store.renew_leases
         )
         await eventually(task.done, what="the worker to stop")
 
@@ -193,8 +193,8 @@ async def test_an_unexpected_error_in_the_executor_releases_the_lease(
     store = rw.worker.store
     # the tool's effect happened, then recording it fails with something unexpected (a
     # result committed alone goes through complete_checked)
-    store.worker.complete_checked = _once(  # type: ignore[method-assign]
-        RuntimeError("database gone"), store.worker.complete_checked
+    store.complete_checked = _once(  # type: ignore[method-assign]
+        RuntimeError("database gone"), store.complete_checked
     )
     with caplog.at_level(logging.ERROR, logger="runledger.worker.executor"):
         await db.submit("sup-3", flow)
@@ -309,7 +309,8 @@ async def test_a_helper_stops_when_cancelled_as_its_statement_returns(
     task = _helper(helper)
     store = w.worker.store
     assert store is not None
-    real = getattr(store, statement)
+    registry = store.registry  # heartbeat_worker, checkpoint_events
+    real = getattr(registry, statement)
     returned: list[bool] = []
 
     async def cancels_the_helper(*args: Any, **kwargs: Any) -> Any:
@@ -318,7 +319,7 @@ async def test_a_helper_stops_when_cancelled_as_its_statement_returns(
         task.cancel()  # the stop's cancel, arriving as the statement completes
         return value
 
-    monkeypatch.setattr(store, statement, cancels_the_helper)
+    monkeypatch.setattr(registry, statement, cancels_the_helper)
     done, _ = await asyncio.wait({task}, timeout=10)
     assert task in done, f"{helper} went on after {len(returned)} cancelled statements"
     assert task.cancelled() and returned == [True]
