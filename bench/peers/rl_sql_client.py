@@ -29,8 +29,13 @@ import uvloop
 from psycopg.types.json import Jsonb
 
 from runledger.db import decode, wire
-from runledger.db.fastpath import CLAIM_RUNS_V4, COMPLETE_CALL_V2, FINISH_AND_CLAIM, RECORD_TURN_V4
-from runledger.db.store import COMPLETE_CALL
+from runledger.db.statements import (
+    CLAIM_RUNS,
+    COMPLETE_AND_DISPATCH,
+    COMPLETE_CALL,
+    FINISH_AND_CLAIM,
+    RECORD_TURN,
+)
 
 from peers.rl_flow import CALLS_PER_TURN, TURNS
 
@@ -52,7 +57,7 @@ async def _run(conn: psycopg.AsyncConnection[Any], claim: dict[str, Any], worker
     for turn in range(TURNS):
         rows = await wire.execute(
             conn,
-            RECORD_TURN_V4,
+            RECORD_TURN,
             (*lease, turn, Jsonb(calls), None, None, version, _json(state), False, ["c0"]),
         )
         version = rows[0]["state_version"]
@@ -62,7 +67,7 @@ async def _run(conn: psycopg.AsyncConnection[Any], claim: dict[str, Any], worker
             if i + 1 < CALLS_PER_TURN:
                 next_key = f"{run_id}:{turn}:c{i + 1}"
                 params = (*lease, key, "succeeded", result, None, next_key)
-                await wire.execute(conn, COMPLETE_CALL_V2, params)
+                await wire.execute(conn, COMPLETE_AND_DISPATCH, params)
             else:
                 await wire.execute(conn, COMPLETE_CALL, (*lease, key, "succeeded", result, None))
         state = {"completed_turns": turn + 1}
@@ -85,7 +90,7 @@ async def main(url: str, client_id: str) -> None:
         claim: dict[str, Any] | None = None
         while not stop.is_set():
             if claim is None or claim["run_id"] is None:
-                rows = await wire.execute(conn, CLAIM_RUNS_V4, (worker, FLOWS, LEASE, 1))
+                rows = await wire.execute(conn, CLAIM_RUNS, (worker, FLOWS, LEASE, 1))
                 claim = rows[0] if rows else None
                 if claim is None:
                     with contextlib.suppress(TimeoutError):

@@ -1,6 +1,6 @@
 """``Client``: submit and inspect runs from ordinary (synchronous) code.
 
-It drives the same async :class:`~runledger.db.store.Store` the worker uses, on a
+It drives the async :class:`~runledger.db.store.Store` (the worker's and the operator's), on a
 private event loop in a background thread, so there is one implementation of every
 database call.
 """
@@ -121,7 +121,9 @@ class Client:
         if version is not None:
             return flow, version
         known = sorted(
-            v for n, v in map(parse_flow_ref, self._run(self._store.known_flows())) if n == flow
+            v
+            for n, v in map(parse_flow_ref, self._run(self._store.operator.known_flows()))
+            if n == flow
         )
         if len(known) != 1:
             raise errors.InvalidInput(
@@ -154,20 +156,20 @@ class Client:
         if traceparent is None:
             traceparent = current_traceparent()  # read here: the call runs on another thread
         return self._run(
-            self._store.submit_run(rid, name, ver, input, priority, traceparent=traceparent)
+            self._store.worker.submit_run(rid, name, ver, input, priority, traceparent=traceparent)
         )
 
     def known_flows(self) -> set[str]:
-        return self._run(self._store.known_flows())
+        return self._run(self._store.operator.known_flows())
 
     def get(self, run_id: str) -> Run:
-        return self._run(self._store.get_run(run_id))
+        return self._run(self._store.operator.get_run(run_id))
 
     def calls(self, run_id: str) -> list[Call]:
-        return self._run(self._store.list_calls(run_id))
+        return self._run(self._store.operator.list_calls(run_id))
 
     def events(self, run_id: str) -> list[Event]:
-        return self._run(self._store.list_events(run_id))
+        return self._run(self._store.operator.list_events(run_id))
 
     def wait(self, run_id: str, timeout: float = 60.0) -> Run:
         """Block until the run succeeded, failed, was cancelled or paused."""
@@ -189,7 +191,7 @@ class Client:
         receipt: dict[str, Any] | None = None,
         note: str | None = None,
     ) -> None:
-        self._run(self._store.resolve_call(key, resolution, receipt, self.actor, note))
+        self._run(self._store.operator.resolve_call(key, resolution, receipt, self.actor, note))
 
     def approve(self, key: str, note: str | None = None, *, actor: str | None = None) -> None:
         """Approve a call awaiting approval (``approve_call``): the next holder sends it. A
@@ -198,28 +200,28 @@ class Client:
         :class:`~runledger.errors.InvalidTransition` (the call does not await approval, or
         its run is running: wait until it pauses) or
         :class:`~runledger.errors.InvalidInput`. ``actor`` defaults to the client's."""
-        self._run(self._store.approve_call(key, actor=actor or self.actor, note=note))
+        self._run(self._store.operator.approve_call(key, actor=actor or self.actor, note=note))
 
     def deny(self, key: str, reason: str, *, actor: str | None = None) -> None:
         """Deny a call awaiting approval (``deny_call``): it fails, never sent, and the
         policy sees a failed call with error ``{"reason": "denied", "note": reason,
         "actor": actor}``. Errors as :meth:`approve`; ``reason`` is required."""
-        self._run(self._store.deny_call(key, reason=reason, actor=actor or self.actor))
+        self._run(self._store.operator.deny_call(key, reason=reason, actor=actor or self.actor))
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
-        self._run(self._store.cancel_run(run_id, self.actor, reason))
+        self._run(self._store.operator.cancel_run(run_id, self.actor, reason))
 
     def retry(self, run_id: str) -> None:
-        self._run(self._store.retry_run(run_id, self.actor))
+        self._run(self._store.operator.retry_run(run_id, self.actor))
 
     def prune_cutoff(self, older_than: dt.timedelta) -> dt.datetime:
         """The database clock minus ``older_than``."""
-        return self._run(self._store.prune_cutoff(older_than))
+        return self._run(self._store.operator.prune_cutoff(older_than))
 
     def prunable(self, before: dt.datetime) -> int:
         """How many finished runs finished before ``before``."""
-        return self._run(self._store.prunable(before))
+        return self._run(self._store.operator.prunable(before))
 
     def prune_batch(self, before: dt.datetime, *, keep_events: bool, limit: int) -> int:
         """Delete at most ``limit`` of them, oldest first (``prune_runs_v2``)."""
-        return self._run(self._store.prune_batch(before, keep_events, limit))
+        return self._run(self._store.operator.prune_batch(before, keep_events, limit))

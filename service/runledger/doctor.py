@@ -26,11 +26,8 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.rows import dict_row
 
-from runledger.config import connection_settings
-from runledger.db import migrate
-from runledger.db.pooler import read_only_session
+from runledger.db import diagnosis, revisions
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 MIN_SERVER = 130000  # gen_random_uuid() without an extension
@@ -52,19 +49,8 @@ class Result:
         return self.status == OK
 
 
-def _one(conn: psycopg.Connection[dict[str, Any]], sql: Any) -> dict[str, Any]:
-    row = conn.execute(sql).fetchone()
-    assert row is not None
-    return row
-
-
-def server(conn: psycopg.Connection[dict[str, Any]]) -> Result:
-    row = _one(
-        conn,
-        "SELECT current_setting('server_version') AS version, "
-        "current_setting('server_version_num')::int AS num, pg_is_in_recovery() AS standby, "
-        "inet_server_addr()::text AS host, inet_server_port() AS port",
-    )
+def server(conn: psycopg.Connection[diagnosis.Row]) -> Result:
+    row = diagnosis.server_facts(conn)
     data = dict(row)
     where = f"PostgreSQL {row['version']} at {row['host'] or 'the local socket'}"
     if row["port"] is not None:
@@ -82,19 +68,17 @@ def server(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     return Result("server", OK, f"{where}, a primary", data)
 
 
-def schema(conn: psycopg.Connection[dict[str, Any]]) -> Result:
-    head = migrate.head()
-    row = _one(conn, "SELECT to_regclass('runledger.alembic_version') IS NOT NULL AS present")
-    if not row["present"]:
+def schema(conn: psycopg.Connection[diagnosis.Row]) -> Result:
+    head = revisions.head()
+    present, revision = diagnosis.schema_revision(conn)
+    if not present:
         return Result(
             "schema",
             FAIL,
             "no runledger schema: run `runledger migrate`",
             {"head": head, "behind": True},
         )
-    found = conn.execute("SELECT version_num FROM runledger.alembic_version").fetchone()
-    revision = found["version_num"] if found else None
-    data = {"revision": revision, "head": head, "behind": migrate.behind(revision)}
+    data = {"revision": revision, "head": head, "behind": revisions.behind(revision)}
     if data["behind"]:
         return Result(
             "schema",
@@ -113,18 +97,10 @@ def schema(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     return Result("schema", OK, f"revision {revision} (head)", data)
 
 
-def replication(conn: psycopg.Connection[dict[str, Any]]) -> Result:
+def replication(conn: psycopg.Connection[diagnosis.Row]) -> Result:
     """Standbys and how commits wait for them: a failover to a standby that is not
     synchronous (or with ``synchronous_commit`` below ``on``) can lose commits."""
-    settings = _one(
-        conn,
-        "SELECT current_setting('synchronous_standby_names') AS names, "
-        "current_setting('synchronous_commit') AS commit",
-    )
-    standbys = conn.execute(
-        "SELECT application_name, client_addr::text AS client_addr, state, sync_state "
-        "FROM pg_stat_replication ORDER BY application_name, client_addr"
-    ).fetchall()
+    settings, standbys = diagnosis.replication_facts(conn)
     data = {
         "synchronous_standby_names": settings["names"],
         "synchronous_commit": settings["commit"],
@@ -172,16 +148,8 @@ def replication(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     return Result("replication", OK, f"synchronous standby(s): {names}", data)
 
 
-def timelines(conn: psycopg.Connection[dict[str, Any]]) -> Result:
-    rows = conn.execute(
-        "SELECT position, timeline, previous_timeline, seen_at, affected_runs "
-        "FROM runledger.timelines ORDER BY position"
-    ).fetchall()
-    now = _one(
-        conn,
-        "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int "
-        "AS timeline",
-    )["timeline"]
+def timelines(conn: psycopg.Connection[diagnosis.Row]) -> Result:
+    rows, now = diagnosis.timeline_facts(conn)
     data = {"timeline": now, "seen": rows}
     failovers = rows[1:]
     if not failovers:
@@ -197,13 +165,10 @@ def timelines(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     )
 
 
-def roles(conn: psycopg.Connection[dict[str, Any]]) -> Result:
+def roles(conn: psycopg.Connection[diagnosis.Row]) -> Result:
     """The three roles the schema grants to (docs/design.md): without them every login
     needs the owner's privileges."""
-    rows = conn.execute(
-        "SELECT rolname FROM pg_roles WHERE rolname = ANY (%s)", (list(ROLES),)
-    ).fetchall()
-    present = sorted(r["rolname"] for r in rows)
+    present = diagnosis.present_roles(conn, ROLES)
     missing = [r for r in ROLES if r not in present]
     data = {"present": present, "missing": missing}
     if missing:
@@ -217,12 +182,12 @@ def roles(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     return Result("roles", OK, f"roles present: {', '.join(present)}", data)
 
 
-def isolation(conn: psycopg.Connection[dict[str, Any]]) -> Result:
+def isolation(conn: psycopg.Connection[diagnosis.Row]) -> Result:
     """This login's default transaction isolation, which every autocommit write takes: a
     run's event chain is extended in READ COMMITTED transactions only (revision 0023;
     RL006 under REPEATABLE READ or SERIALIZABLE). Set per database or role, so a worker
     that logs in as another role may have another: run doctor with its URL too."""
-    level = _one(conn, "SELECT current_setting('default_transaction_isolation') AS level")["level"]
+    level = diagnosis.default_isolation(conn)
     data = {"default_transaction_isolation": level}
     if level in ("repeatable read", "serializable"):
         return Result(
@@ -236,14 +201,14 @@ def isolation(conn: psycopg.Connection[dict[str, Any]]) -> Result:
     return Result("isolation", OK, f"default_transaction_isolation {level}", data)
 
 
-def clock(conn: psycopg.Connection[dict[str, Any]]) -> Result:
+def clock(conn: psycopg.Connection[diagnosis.Row]) -> Result:
     """This host's clock against the database's (``clock_timestamp()``, taken halfway
     through the round trip). runledger judges time by the database alone; a host far off
     still misleads the people reading its logs and the times it prints."""
     before = time.time()
-    row = _one(conn, "SELECT extract(epoch FROM clock_timestamp())::float8 AS at")
+    at = diagnosis.database_clock(conn)
     after = time.time()
-    skew = float(row["at"]) - (before + after) / 2
+    skew = at - (before + after) / 2
     data = {"skew_seconds": round(skew, 4), "round_trip_seconds": round(after - before, 4)}
     side = "ahead of" if skew >= 0 else "behind"
     said = f"the database's clock is {abs(skew):.3f} s {side} this host's"
@@ -292,13 +257,7 @@ def run_doctor(database_url: str, *, connect_timeout: float) -> list[Result]:
     """Every check, in order; one that cannot run (no connection, no schema) ends the
     checks of the database with its failure. The settings (redacted) come last, always."""
     try:
-        conn = psycopg.connect(
-            database_url,
-            autocommit=True,
-            row_factory=dict_row,
-            connect_timeout=max(2, int(connect_timeout + 0.999)),
-            application_name="runledger-doctor",
-        )
+        conn = diagnosis.doctor_connection(database_url, connect_timeout)
     except psycopg.Error as exc:
         reason = " ".join(str(exc).split())
         return [
@@ -307,9 +266,7 @@ def run_doctor(database_url: str, *, connect_timeout: float) -> list[Result]:
         ]
     results = [Result("connection", OK, "connected", {})]
     with conn:
-        # read-only, except on a transaction pooler's session (it would stay read-only for
-        # the pooler's next client there: a worker)
-        read_only_session(conn, database_url, connection_settings().pooler)
+        diagnosis.read_only(conn, database_url)
         results.append(server(conn))
         results.append(schema(conn))
         results.append(replication(conn))

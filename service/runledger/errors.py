@@ -1,7 +1,8 @@
 """The runledger exception tree and the SQLSTATE -> exception registry.
 
-Every refusal the database makes carries a SQLSTATE of class ``RL``; ``db/store.py``
-maps it onto one of these classes with :func:`from_sqlstate`. Nothing here imports
+Every refusal the database makes carries a SQLSTATE of class ``RL``;
+:func:`runledger.db.sqlstate.map_error` maps it onto one of these classes with
+:func:`from_sqlstate`. Nothing here imports
 other runledger modules.
 """
 

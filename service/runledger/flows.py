@@ -348,7 +348,7 @@ class Flow:
 
     def normalize(self, decided: Decision | Sequence[ToolCall]) -> Recordable:
         """Check a decision (a :class:`Decision` or a bare list of :class:`ToolCall`) and
-        turn it into what ``record_turn_v2`` records.
+        turn it into what ``record_turn`` records.
 
         Call ids are runledger's: ``c<position>`` unless the policy gives a valid
         ``call_id``; a ``provider_id`` is kept beside the call, never used as its id. A call
@@ -406,7 +406,7 @@ MAX_PROVIDER_ID = 200  # runledger._cap('provider_id')
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recordable:
-    """A checked decision, as ``record_turn_v2`` takes it: the calls payload (call ids
+    """A checked decision, as ``record_turn`` takes it: the calls payload (call ids
     assigned, ``provider_id`` where the model gave one), the record and the output."""
 
     calls: list[dict[str, Any]]

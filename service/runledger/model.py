@@ -151,7 +151,7 @@ class ClaimedRun:
     lease_id: LeaseId
     lease_expires_at: dt.datetime
     takeover: bool
-    # claim_runs_v4: the W3C trace context the run was submitted with (None: none)
+    # the W3C trace context the run was submitted with (None: none)
     traceparent: str | None = None
 
 

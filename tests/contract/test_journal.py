@@ -73,12 +73,12 @@ def test_checkpoint_on_a_stale_version_is_a_conflict_and_changes_nothing(
 
 
 async def test_store_maps_version_conflict(store: Any, admin_conn: Conn) -> None:
-    await store.submit_run("r1", "demo", "1", {})
-    [c] = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
-    assert await store.checkpoint("r1", c.lease_id, c.fencing_token, 0, {"a": 1}) == 1
+    await store.worker.submit_run("r1", "demo", "1", {})
+    [(c, _)] = await store.worker.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    assert await store.worker.checkpoint("r1", c.lease_id, c.fencing_token, 0, {"a": 1}) == 1
 
     with unchanged(admin_conn), pytest.raises(errors.VersionConflict) as info:
-        await store.checkpoint("r1", c.lease_id, c.fencing_token, 0, {"a": 2})
+        await store.worker.checkpoint("r1", c.lease_id, c.fencing_token, 0, {"a": 2})
     assert (info.value.run_id, info.value.fencing_token) == ("r1", c.fencing_token)
 
 
@@ -107,11 +107,11 @@ def test_checkpoint_of_a_missing_run_is_not_found(worker: Conn, admin_conn: Conn
 
 
 async def test_store_refuses_nul_in_state_before_sending(store: Any, admin_conn: Conn) -> None:
-    await store.submit_run("r1", "demo", "1", {})
-    [c] = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    await store.worker.submit_run("r1", "demo", "1", {})
+    [(c, _)] = await store.worker.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
 
     with unchanged(admin_conn), pytest.raises(errors.InvalidInput) as info:
-        await store.checkpoint("r1", c.lease_id, c.fencing_token, 0, {"note": "a\x00"})
+        await store.worker.checkpoint("r1", c.lease_id, c.fencing_token, 0, {"note": "a\x00"})
     assert info.value.__cause__ is None
 
 
@@ -434,11 +434,11 @@ def test_unknown_outcome_and_status_words_are_invalid(worker: Conn, admin_conn: 
 async def test_store_refuses_unknown_words_before_sending(store: Any, admin_conn: Conn) -> None:
     with unchanged(admin_conn):
         with pytest.raises(errors.InvalidInput):
-            await store.complete_call("r1", uuid.uuid4(), 1, "r1:0:c1", "done", None, None)
+            await store.worker.complete_call("r1", uuid.uuid4(), 1, "r1:0:c1", "done", None, None)
         with pytest.raises(errors.InvalidInput):
-            await store.finish_run("r1", uuid.uuid4(), 1, "cancelled", None, None)
+            await store.worker.finish_run("r1", uuid.uuid4(), 1, "cancelled", None, None)
         with pytest.raises(errors.InvalidInput):
-            await store.resolve_call("r1:0:c1", "ok", None, "alice", None)
+            await store.operator.resolve_call("r1:0:c1", "ok", None, "alice", None)
 
 
 def test_a_run_cannot_succeed_with_open_calls(worker: Conn, admin_conn: Conn) -> None:

@@ -335,7 +335,7 @@ async def test_submit_run_input_through_the_store(
     run_id = new_id()
 
     async def run() -> None:
-        await store.submit_run(run_id, "j", "1", value)
+        await store.worker.submit_run(run_id, "j", "1", value)
 
     if await _store_expect(admin_conn, store_refuses(value), run):
         got = read_json(
@@ -350,14 +350,14 @@ async def test_record_turn_and_complete_call_through_the_store(
     args: dict[str, Any], result: Any, receipt: Any, store: Any, admin_conn: Conn
 ) -> None:
     run_id = new_id()
-    await store.submit_run(run_id, "demo", "1", {"n": 1})
-    [c] = await store.claim_runs("w1", ["demo@1"], LEASE, 1)
+    await store.worker.submit_run(run_id, "demo", "1", {"n": 1})
+    [(c, _)] = await store.worker.claim_runs("w1", ["demo@1"], LEASE, 1)
     assert c.run_id == run_id
     key = f"{run_id}:0:c1"
 
     async def record() -> None:
         calls = [{"call_id": "c1", "tool": "t", "args": args}]
-        await store.record_turn(run_id, c.lease_id, c.fencing_token, 0, calls)
+        await store.worker.record_turn(run_id, c.lease_id, c.fencing_token, 0, calls)
 
     if await _store_expect(admin_conn, store_refuses(args), record):
         got = read_json(
@@ -368,11 +368,11 @@ async def test_record_turn_and_complete_call_through_the_store(
         assert same(got, sent(args)), (got, args)
     else:
         plain = [{"call_id": "c1", "tool": "t", "args": {}}]
-        await store.record_turn(run_id, c.lease_id, c.fencing_token, 0, plain)
-    await store.dispatch_call(run_id, c.lease_id, c.fencing_token, key)
+        await store.worker.record_turn(run_id, c.lease_id, c.fencing_token, 0, plain)
+    await store.worker.dispatch_call(run_id, c.lease_id, c.fencing_token, key)
 
     async def complete() -> None:
-        await store.complete_call(
+        await store.worker.complete_call(
             run_id, c.lease_id, c.fencing_token, key, "succeeded", result, receipt
         )
 
@@ -404,7 +404,7 @@ async def test_negative_zero_comes_back_as_zero(
     if how == "sql":
         submit(worker, "z", {"z": -0.0}, flow="j")
     else:
-        await store.submit_run("z", "j", "1", {"z": -0.0})
+        await store.worker.submit_run("z", "j", "1", {"z": -0.0})
     assert scalar(admin_conn, "SELECT input::text FROM runledger.runs WHERE run_id = 'z'") == (
         '{"z": 0.0}'
     )

@@ -234,14 +234,14 @@ def test_lease_expired_names_the_run_and_the_tokens(worker: Conn, db_clock: DbCl
 async def test_store_raises_lease_lost_with_run_and_token(
     store: Any, admin_conn: Conn, db_clock: DbClock
 ) -> None:
-    await store.submit_run("r1", "demo", "1", {"a": 1})
-    [first] = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    await store.worker.submit_run("r1", "demo", "1", {"a": 1})
+    [(first, _)] = await store.worker.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
     db_clock.advance(31)
-    [second] = await store.claim_runs("w2", ["demo@1"], dt.timedelta(seconds=30), 1)
+    [(second, _)] = await store.worker.claim_runs("w2", ["demo@1"], dt.timedelta(seconds=30), 1)
     assert second.takeover and second.fencing_token == first.fencing_token + 1
 
     with unchanged(admin_conn), pytest.raises(errors.LeaseLost) as info:
-        await store.checkpoint("r1", first.lease_id, first.fencing_token, 0, {"x": 1})
+        await store.worker.checkpoint("r1", first.lease_id, first.fencing_token, 0, {"x": 1})
 
     assert info.value.run_id == "r1"
     assert info.value.fencing_token == first.fencing_token
@@ -468,18 +468,18 @@ def test_report_stale_write_keeps_the_stale_token_out_of_the_token_column(
 async def test_store_report_stale_write_after_lease_lost(
     store: Any, admin_conn: Conn, db_clock: DbClock
 ) -> None:
-    await store.submit_run("r1", "demo", "1", {})
-    [first] = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    await store.worker.submit_run("r1", "demo", "1", {})
+    [(first, _)] = await store.worker.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
     db_clock.advance(31)
-    await store.claim_runs("w2", ["demo@1"], dt.timedelta(seconds=30), 1)
+    await store.worker.claim_runs("w2", ["demo@1"], dt.timedelta(seconds=30), 1)
     with pytest.raises(errors.LeaseLost) as info:
-        await store.record_turn("r1", first.lease_id, first.fencing_token, 0, [call("c1")])
+        await store.worker.record_turn("r1", first.lease_id, first.fencing_token, 0, [call("c1")])
 
-    await store.report_stale_write(
+    await store.worker.report_stale_write(
         "r1", "w1", first.lease_id, first.fencing_token, "record_turn", str(info.value)
     )
 
-    [ev] = [e for e in await store.list_events("r1") if e.kind == "stale_write_rejected"]
+    [ev] = [e for e in await store.operator.list_events("r1") if e.kind == "stale_write_rejected"]
     assert ev.fencing_token is None
     assert ev.detail["stale_token"] == first.fencing_token
     assert ev.detail["current_token"] == first.fencing_token + 1

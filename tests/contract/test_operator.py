@@ -191,16 +191,16 @@ async def test_store_resolves_through_the_operator_function(
     [k] = paused_on_unknown(worker, lease)
 
     with pytest.raises(errors.InvalidTransition):
-        await store.retry_run("r1", "bob")  # unknown calls first
-    await store.resolve_call(k, "applied", {"ticket": "T-1"}, "bob", None)
+        await store.operator.retry_run("r1", "bob")  # unknown calls first
+    await store.operator.resolve_call(k, "applied", {"ticket": "T-1"}, "bob", None)
 
-    call = await store.get_call(k)
+    call = await store.operator.get_call(k)
     assert (call.status, call.receipt) == ("succeeded", {"ticket": "T-1"})
-    assert (await store.get_run("r1")).status == "queued"
+    assert (await store.operator.get_run("r1")).status == "queued"
     with pytest.raises(errors.InvalidTransition):
-        await store.resolve_call(k, "abandoned", None, "bob", None)
+        await store.operator.resolve_call(k, "abandoned", None, "bob", None)
     with pytest.raises(errors.RunNotFound):
-        await store.resolve_call("r1:0:zz", "abandoned", None, "bob", None)
+        await store.operator.resolve_call("r1:0:zz", "abandoned", None, "bob", None)
 
 
 def test_retry_requeues_failed_and_paused_runs_only(

@@ -82,12 +82,12 @@ def test_resubmitting_with_anything_different_is_a_conflict(worker: Conn, admin_
 
 
 async def test_store_maps_run_conflict(store: Any, admin_conn: Conn) -> None:
-    first = await store.submit_run("r1", "demo", "1", {"a": 1})
-    again = await store.submit_run("r1", "demo", "1", {"a": 1})
+    first = await store.worker.submit_run("r1", "demo", "1", {"a": 1})
+    again = await store.worker.submit_run("r1", "demo", "1", {"a": 1})
     assert (first.created, again.created) == (True, False)
 
     with unchanged(admin_conn), pytest.raises(errors.RunConflict) as info:
-        await store.submit_run("r1", "demo", "2", {"a": 1})
+        await store.worker.submit_run("r1", "demo", "2", {"a": 1})
     assert info.value.run_id == "r1"
 
 
@@ -184,13 +184,13 @@ async def test_default_cap_refuses_an_input_over_one_mebibyte(store: Any, admin_
     big = {"blob": "x" * 1_100_000}
 
     with unchanged(admin_conn), pytest.raises(errors.InvalidInput) as info:
-        await store.submit_run("big", "demo", "1", big)
+        await store.worker.submit_run("big", "demo", "1", big)
 
     assert "over the cap of 1048576 bytes" in info.value.message
     assert isinstance(info.value.__cause__, psycopg.Error)
     assert info.value.__cause__.sqlstate == "RL006"
     # Just under the cap goes through.
-    assert (await store.submit_run("fits", "demo", "1", {"blob": "x" * 1_000_000})).created
+    assert (await store.worker.submit_run("fits", "demo", "1", {"blob": "x" * 1_000_000})).created
 
 
 # -- NUL characters ------------------------------------------------------------------
@@ -207,7 +207,7 @@ NUL_CASES = [
 async def test_store_refuses_nul_before_sending(store: Any, admin_conn: Conn) -> None:
     for run_id, input, field in NUL_CASES:
         with unchanged(admin_conn, input), pytest.raises(errors.InvalidInput) as info:
-            await store.submit_run(run_id, "demo", "1", input)
+            await store.worker.submit_run(run_id, "demo", "1", input)
         assert info.value.message.startswith(field), info.value.message
         assert "NUL" in info.value.message
         assert info.value.__cause__ is None  # refused client-side: no driver error behind it

@@ -13,8 +13,8 @@ import pytest
 
 from runledger import errors
 from runledger.db import wire
-from runledger.db.fastpath import COMPLETE_CALL_V2, RECORD_TURN_V4
 from runledger.db.rows import as_stored
+from runledger.db.statements import COMPLETE_AND_DISPATCH, RECORD_TURN
 from runledger.db.store import Store
 
 from .helpers import rows
@@ -24,8 +24,8 @@ LEASE = dt.timedelta(seconds=30)
 
 
 async def _claimed(store: Any, run_id: str) -> Any:
-    await store.submit_run(run_id, "demo", "1", {})
-    [(c, _)] = await store.claim_runs_v4("w1", ["demo@1"], LEASE, 1)
+    await store.worker.submit_run(run_id, "demo", "1", {})
+    [(c, _)] = await store.worker.claim_runs("w1", ["demo@1"], LEASE, 1)
     return c
 
 
@@ -38,13 +38,13 @@ async def test_values_arrive_as_sent(store: Any, admin_conn: Conn) -> None:
         {"call_id": "c1", "tool": "create_ticket", "args": args},
         {"call_id": "c2", "tool": "create_ticket", "args": {}},
     ]
-    version, attempts = await store.record_turn_v4(
+    version, attempts = await store.worker.record_turn(
         "w-vals", c.lease_id, c.fencing_token, 0, calls, expected_version=0, dispatch=["c1"]
     )
     assert (version, attempts) == (0, (1,))
     [turn] = rows(admin_conn, "SELECT calls FROM runledger.run_turns WHERE run_id = 'w-vals'")
     assert turn["calls"][0]["args"] == as_stored(args)
-    attempt = await store.complete_call_v2(
+    attempt = await store.worker.complete_and_dispatch(
         "w-vals",
         c.lease_id,
         c.fencing_token,
@@ -71,7 +71,7 @@ async def test_a_hostile_array_element_is_one_element(store: Any, bad: str) -> N
     c = await _claimed(store, "w-arr")
     calls = [{"call_id": "c1", "tool": "create_ticket", "args": {}}]
     with pytest.raises(errors.InvalidInput) as refused:
-        await store.record_turn_v4(
+        await store.worker.record_turn(
             "w-arr", c.lease_id, c.fencing_token, 0, calls, expected_version=0, dispatch=[bad]
         )
     assert f"call {bad} to dispatch is not a call of turn 0" in str(refused.value)
@@ -81,7 +81,7 @@ async def test_a_refusal_is_typed_with_its_sqlstate(store: Any) -> None:
     c = await _claimed(store, "w-stale")
     calls = [{"call_id": "c1", "tool": "create_ticket", "args": {}}]
     with pytest.raises(errors.LeaseLost) as lost:
-        await store.record_turn_v4(
+        await store.worker.record_turn(
             "w-stale", uuid.uuid4(), c.fencing_token, 0, calls, expected_version=0
         )
     assert lost.value.sqlstate == "RL001"
@@ -124,19 +124,19 @@ async def test_a_store_told_of_a_transaction_pooler_prepares_nothing(database_ur
     (``auto``) on a direct connection: ``direct``, and prepared as before."""
     told = await Store.connect(database_url, max_size=1, pooler="transaction")
     try:
-        assert (told.reach, told.reach_why) == ("transaction", "")
+        assert (told.executor.reach, told.executor.reach_why) == ("transaction", "")
         for n in range(7):  # past psycopg's prepare_threshold (5)
-            await told.submit_run(f"tx-{n}", "demo", "1", {})
-        await told.claim_runs_v4("w1", ["demo@1"], LEASE, 0)
+            await told.worker.submit_run(f"tx-{n}", "demo", "1", {})
+        await told.worker.claim_runs("w1", ["demo@1"], LEASE, 0)
         # the one connection of the pool, the session every statement above went through
-        assert await told._read("SELECT name FROM pg_prepared_statements", ()) == []
+        assert await told.executor.read("SELECT name FROM pg_prepared_statements", ()) == []
     finally:
         await told.close()
     found = await Store.connect(database_url, max_size=1)
     try:
-        assert found.reach == "direct" and "client port" in found.reach_why
-        await found.claim_runs_v4("w1", ["demo@1"], LEASE, 0)
-        prepared = await found._read("SELECT name FROM pg_prepared_statements", ())
+        assert found.executor.reach == "direct" and "client port" in found.executor.reach_why
+        await found.worker.claim_runs("w1", ["demo@1"], LEASE, 0)
+        prepared = await found.executor.read("SELECT name FROM pg_prepared_statements", ())
         assert {"name": "rl_claim_runs_v4"} in prepared
     finally:
         await found.close()
@@ -153,5 +153,5 @@ async def test_a_dropped_connection_is_a_connection_error(database_url: str) -> 
 
 
 async def test_the_hot_statements_name_their_parameters() -> None:
-    assert RECORD_TURN_V4.nparams == 11 and RECORD_TURN_V4.sql.count("$") == 11
-    assert COMPLETE_CALL_V2.nparams == 8 and COMPLETE_CALL_V2.sql.count("$") == 8
+    assert RECORD_TURN.nparams == 11 and RECORD_TURN.sql.count("$") == 11
+    assert COMPLETE_AND_DISPATCH.nparams == 8 and COMPLETE_AND_DISPATCH.sql.count("$") == 8

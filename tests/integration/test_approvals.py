@@ -277,13 +277,15 @@ async def test_a_decision_is_read_back_after_a_lost_connection(
     )
 
     claim = await leased(store)
-    await store.record_turn(*lease_of(claim), 0, [{"call_id": "c1", "tool": "t", "approval": True}])
-    await store.finish_run(*lease_of(claim), "paused", None, "awaits approval")
-    flaky = FlakyStore(store.pool, f"SELECT runledger.{decision}(", landed=landed)
+    await store.worker.record_turn(
+        *lease_of(claim), 0, [{"call_id": "c1", "tool": "t", "approval": True}]
+    )
+    await store.worker.finish_run(*lease_of(claim), "paused", None, "awaits approval")
+    flaky = FlakyStore(store.executor.pool, f"SELECT runledger.{decision}(", landed=landed)
     if decision == "approve_call":
-        await flaky.approve_call(KEY, actor="alice", note="ok")
+        await flaky.operator.approve_call(KEY, actor="alice", note="ok")
     else:
-        await flaky.deny_call(KEY, reason="no", actor="alice")
+        await flaky.operator.deny_call(KEY, reason="no", actor="alice")
     sent = [s for s in flaky.sent if s.startswith(f"SELECT runledger.{decision}(")]
     assert len(sent) == (1 if landed else 2)  # read back, not sent again, when it landed
     kind = "call_approved" if decision == "approve_call" else "call_denied"

@@ -16,14 +16,14 @@ from runledger.db.store import Store
 
 
 async def _one_finished_run(store: Store) -> None:
-    await store.submit_run("aud-1", "demo", "1", {})
-    (c,) = await store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
+    await store.worker.submit_run("aud-1", "demo", "1", {})
+    ((c, _),) = await store.worker.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1)
     args = (c.run_id, c.lease_id, c.fencing_token)
-    await store.record_turn(*args, 0, [{"call_id": "c1", "tool": "t", "args": {}}])
-    await store.dispatch_call(*args, "aud-1:0:c1")
-    await store.complete_call(*args, "aud-1:0:c1", "succeeded", {"ok": True}, {"id": 1})
-    await store.record_turn(*args, 1, [])
-    await store.finish_run(*args, "succeeded", {"done": True}, None)
+    await store.worker.record_turn(*args, 0, [{"call_id": "c1", "tool": "t", "args": {}}])
+    await store.worker.dispatch_call(*args, "aud-1:0:c1")
+    await store.worker.complete_call(*args, "aud-1:0:c1", "succeeded", {"ok": True}, {"id": 1})
+    await store.worker.record_turn(*args, 1, [])
+    await store.worker.finish_run(*args, "succeeded", {"done": True}, None)
 
 
 async def test_an_honest_journal_passes_every_check(store: Store, database_url: str) -> None:

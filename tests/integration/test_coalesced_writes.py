@@ -24,6 +24,7 @@ import pytest_asyncio
 
 from runledger import errors
 from runledger.db import coalesce
+from runledger.db.execution import Executor
 from runledger.db.store import Store
 from runledger.model import ClaimedRun
 from tests.integration.conftest import eventually
@@ -45,7 +46,7 @@ def patient(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest_asyncio.fixture
 async def coalescing(database_url: str) -> Any:
     s = await Store.connect(database_url, max_size=8)
-    s.coalesce_writes()
+    s.worker.coalesce_writes()
     try:
         yield s
     finally:
@@ -95,8 +96,8 @@ async def burst(url: str, coalescer: coalesce.Coalescer, first: ClaimedRun, *aws
 
 async def claimed(store: Store, prefix: str, n: int) -> list[ClaimedRun]:
     for i in range(n):
-        await store.submit_run(f"{prefix}-{i}", "demo", "1", {})
-    runs = await store.claim_runs("w1", ["demo@1"], LEASE, n)
+        await store.worker.submit_run(f"{prefix}-{i}", "demo", "1", {})
+    runs = [run for run, _ in await store.worker.claim_runs("w1", ["demo@1"], LEASE, n)]
     return sorted(runs, key=lambda c: c.run_id)
 
 
@@ -104,13 +105,13 @@ async def decided(
     store: Store, url: str, runs: Sequence[ClaimedRun]
 ) -> list[tuple[int, tuple[int, ...]]]:
     """Each run's first decision, two calls, c0 dispatched with it: one burst."""
-    _, decisions = store.coalescers
+    _, decisions = store.worker.coalescers
     return await burst(
         url,
         decisions,
         runs[0],
         *(
-            store.record_turn_v4(
+            store.worker.record_turn(
                 c.run_id,
                 c.lease_id,
                 c.fencing_token,
@@ -130,13 +131,13 @@ async def decided_runs(
     """``n`` runs claimed and decided, with the store's completions coalescer."""
     runs = await claimed(store, prefix, n)
     await decided(store, url, runs)
-    completions, _ = store.coalescers
+    completions, _ = store.worker.coalescers
     return runs, completions
 
 
 def advance(store: Store, c: ClaimedRun, *, token: int | None = None) -> Any:
     """c0's result and c1's dispatch (complete_call_v2)."""
-    return store.complete_call_v2(
+    return store.worker.complete_and_dispatch(
         c.run_id,
         c.lease_id,
         c.fencing_token if token is None else token,
@@ -189,7 +190,7 @@ async def test_writes_sent_together_share_one_commit(
     coalescing: Store, reader: Conn, database_url: str
 ) -> None:
     runs = await claimed(coalescing, "co", 4)
-    completions, decisions = coalescing.coalescers
+    completions, decisions = coalescing.worker.coalescers
     assert await decided(coalescing, database_url, runs) == [(0, (1,))] * 4
     first = await xmins(reader, "co", "c0")
     assert first[runs[0].run_id] not in {first[c.run_id] for c in runs[1:]}
@@ -211,11 +212,11 @@ async def test_writes_sent_together_share_one_commit(
         completions,
         runs[0],
         *(
-            coalescing.complete_checked(
+            coalescing.worker.complete_checked(
                 c.run_id,
                 c.lease_id,
                 c.fencing_token,
-                coalescing.completion(f"{c.run_id}:0:c1", "succeeded", {"i": 1}, None),
+                coalescing.worker.completion(f"{c.run_id}:0:c1", "succeeded", {"i": 1}, None),
             )
             for c in runs
         ),
@@ -258,11 +259,11 @@ async def journal_awkward(store: Store, url: str, prefix: str) -> list[tuple[Any
         else:
             await burst(url, coalescer, runs[0], *aws)
 
-    completions, decisions = store.coalescers or (None, None)
+    completions, decisions = store.worker.coalescers or (None, None)
     await together(
         decisions,
         [
-            store.record_turn_v4(
+            store.worker.record_turn(
                 c.run_id,
                 c.lease_id,
                 c.fencing_token,
@@ -279,11 +280,11 @@ async def journal_awkward(store: Store, url: str, prefix: str) -> list[tuple[Any
     await together(
         completions,
         [
-            store.complete_checked(
+            store.worker.complete_checked(
                 c.run_id,
                 c.lease_id,
                 c.fencing_token,
-                store.completion(f"{c.run_id}:0:c0", "succeeded", v, o),
+                store.worker.completion(f"{c.run_id}:0:c0", "succeeded", v, o),
             )
             for c, v, o in zip(runs, values, objects, strict=True)
         ],
@@ -300,7 +301,7 @@ async def journal_awkward(store: Store, url: str, prefix: str) -> list[tuple[Any
 
 async def test_json_values_in_a_batch_arrive_as_sent(coalescing: Store, database_url: str) -> None:
     batched = await journal_awkward(coalescing, database_url, "cj")
-    completions, decisions = coalescing.coalescers
+    completions, decisions = coalescing.worker.coalescers
     assert (decisions.batches, decisions.batched) == (1, len(AWKWARD))
     assert (completions.batches, completions.batched) == (1, len(AWKWARD))
     assert [r[0] for r in batched] == [{"first": True}, *AWKWARD]
@@ -376,7 +377,7 @@ async def test_closing_the_store_lets_a_batch_in_flight_land(
 ) -> None:
     monkeypatch.setattr(coalesce, "LOCK_TIMEOUT", "30s")  # the batch waits for the lock
     store = await Store.connect(database_url, max_size=8)
-    store.coalesce_writes()
+    store.worker.coalesce_writes()
     closing: asyncio.Future[None] | None = None
     try:
         runs, completions = await decided_runs(store, database_url, "cc", 3)
@@ -487,19 +488,19 @@ async def test_a_write_sent_at_once_sets_no_timer(
     assert completions._busy == 0 and not completions._alone_since
 
 
-class LosesBatches(Store):
+class LosesBatchesExecutor(Executor):
     """Fails the first batch statement as a dropped connection: after it ran
     (``landed``: only the COMMIT's acknowledgement was lost) or before it was sent."""
 
     landed: bool | None = True
 
-    async def _rows(self, sql: Any, params: Sequence[Any]) -> list[dict[str, Any]]:
+    async def rows(self, sql: Any, params: Sequence[Any]) -> list[dict[str, Any]]:
         if str(sql).startswith("SELECT q.o, q.attempt") and self.landed is not None:
             landed, self.landed = self.landed, None
             if landed:
-                await super()._rows(sql, params)
+                await super().rows(sql, params)
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return await super()._rows(sql, params)
+        return await super().rows(sql, params)
 
 
 @pytest.mark.parametrize("landed", [True, False], ids=["commit-landed", "never-sent"])
@@ -507,9 +508,10 @@ async def test_a_batch_lost_in_flight_is_read_back(
     database_url: str, reader: Conn, landed: bool
 ) -> None:
     plain = await Store.connect(database_url, max_size=8)
-    store = LosesBatches(plain.pool, backoff=0.01)
-    store.landed = landed
-    store.coalesce_writes()
+    losing = LosesBatchesExecutor(plain.executor.pool, backoff=0.01)
+    losing.landed = landed
+    store = Store(losing)
+    store.worker.coalesce_writes()
     try:
         prefix = f"cb{int(landed)}"
         runs, completions = await decided_runs(store, database_url, prefix, 3)
@@ -517,7 +519,7 @@ async def test_a_batch_lost_in_flight_is_read_back(
             await burst(database_url, completions, runs[0], *(advance(store, c) for c in runs))
             == [1] * 3
         )
-        assert store.landed is None  # the batch was lost
+        assert losing.landed is None  # the batch was lost
         assert completions.failed == 1
         # applied exactly once either way: one result, one dispatch of the next call
         assert await calls(reader, prefix) == [

@@ -32,24 +32,24 @@ CHAIN = {"event_chain_broken", "checkpoint_head_changed", "checkpoint_chain_brok
 
 
 async def _finished_run(store: Store, run_id: str, calls: int = 2) -> None:
-    await store.submit_run(run_id, "demo", "1", {})
+    await store.worker.submit_run(run_id, "demo", "1", {})
     # concurrent: a claim skips the queued runs other claims hold locked at that moment,
     # and may find none for now; it gets one once those claims have committed
-    (c,) = await eventually(
-        lambda: store.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1),
+    ((c, _),) = await eventually(
+        lambda: store.worker.claim_runs("w1", ["demo@1"], dt.timedelta(seconds=30), 1),
         timeout=30,
         interval=0.01,
         what=f"a queued run to claim after submitting {run_id}",
     )
     args = (c.run_id, c.lease_id, c.fencing_token)
     plan = [{"call_id": f"c{i}", "tool": "t", "args": {"i": i}} for i in range(calls)]
-    await store.record_turn(*args, 0, plan)
+    await store.worker.record_turn(*args, 0, plan)
     for i in range(calls):
         key = f"{c.run_id}:0:c{i}"  # (concurrent: the claim may take another queued run)
-        await store.dispatch_call(*args, key)
-        await store.complete_call(*args, key, "succeeded", {"ok": i}, {"id": i})
-    await store.record_turn(*args, 1, [])
-    await store.finish_run(*args, "succeeded", {"done": True}, None)
+        await store.worker.dispatch_call(*args, key)
+        await store.worker.complete_call(*args, key, "succeeded", {"ok": i}, {"id": i})
+    await store.worker.record_turn(*args, 1, [])
+    await store.worker.finish_run(*args, "succeeded", {"done": True}, None)
 
 
 def _checkpoint(conn: Conn) -> dict[str, Any]:
@@ -259,7 +259,7 @@ async def test_an_inserted_event_with_a_valid_link_breaks_the_next_one(
 ) -> None:
     await _finished_run(store, "ch-1")
     await _finished_run(store, "ch-2")  # ch-1 and ch-2 interleave: ids free inside ch-1
-    await store.submit_run("ch-1b", "demo", "1", {})
+    await store.worker.submit_run("ch-1b", "demo", "1", {})
     events = _events(admin, "ch-1")
     with _Unguarded(admin):
         # a forger who knows the formula links the event to its predecessor correctly

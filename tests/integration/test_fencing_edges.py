@@ -159,10 +159,10 @@ async def test_a_crash_loop_with_a_call_in_flight_pauses_instead_of_failing(
     flow = _charging_flow("loopy", ledger, seconds=0.0)
     await db.submit("loopy-1", flow)
     # a previous holder recorded the turn and sent the call, then died ... many times
-    (ghost,) = await store.claim_runs("ghost", ["loopy@1"], dt.timedelta(seconds=5), 1)
+    ((ghost, _),) = await store.worker.claim_runs("ghost", ["loopy@1"], dt.timedelta(seconds=5), 1)
     lease = (ghost.run_id, ghost.lease_id, ghost.fencing_token)
-    await store.record_turn(*lease, 0, [{"call_id": "c0", "tool": "charge", "args": {}}])
-    await store.dispatch_call(*lease, "loopy-1:0:c0")
+    await store.worker.record_turn(*lease, 0, [{"call_id": "c0", "tool": "charge", "args": {}}])
+    await store.worker.dispatch_call(*lease, "loopy-1:0:c0")
     await db.rows("UPDATE runledger.runs SET stalled_claims = 9 WHERE run_id = 'loopy-1'")
     db_clock.advance(6)
 

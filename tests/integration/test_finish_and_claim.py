@@ -91,7 +91,7 @@ async def test_runs_claimed_with_a_final_decision_as_the_worker_stops_are_handed
         generation=worker._generation,
     )
     running.request_stop()
-    runs = await worker.store.claim_runs_v4(
+    runs = await worker.store.claim_runs(
         request.worker_id, list(request.flows), request.lease, request.max_runs
     )
     assert sorted(r.run_id for r, _ in runs) == ["late-1", "late-2"]

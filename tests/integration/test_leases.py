@@ -162,7 +162,11 @@ async def test_a_renewal_that_races_the_runs_own_end_does_not_drop_it(
     assert store is not None
     renewed_after_the_end = asyncio.Event()
     final_committed = asyncio.Event()
-    real_renew, real_v4, real_fc = store.renew_leases, store.record_turn_v4, store.finish_and_claim
+    real_renew, real_v4, real_fc = (
+        store.renew_leases,
+        store.record_turn,
+        store.finish_and_claim,
+    )
 
     async def renew(*args: Any, **kwargs: Any) -> Any:
         renewed = await real_renew(*args, **kwargs)
@@ -179,7 +183,7 @@ async def test_a_renewal_that_races_the_runs_own_end_does_not_drop_it(
         return answer
 
     store.renew_leases = renew  # type: ignore[method-assign]
-    store.record_turn_v4 = lambda *a, **k: ending(real_v4, *a, **k)  # type: ignore[method-assign]
+    store.record_turn = lambda *a, **k: ending(real_v4, *a, **k)  # type: ignore[method-assign]
     store.finish_and_claim = lambda *a, **k: ending(real_fc, *a, **k)  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="runledger.worker.process"):
         await db.submit("race-end", flow)
@@ -209,14 +213,14 @@ async def test_a_call_dispatched_by_a_write_that_lands_after_the_fence_is_releas
     store = rw.worker.store
     assert store is not None
     on_its_way, land = asyncio.Event(), asyncio.Event()
-    real = store.record_turn_v4
+    real = store.record_turn
 
     async def held(*args: Any, **kwargs: Any) -> Any:
         on_its_way.set()
         await land.wait()
         return await real(*args, **kwargs)
 
-    store.record_turn_v4 = held  # type: ignore[method-assign]
+    store.record_turn = held  # type: ignore[method-assign]
     await db.submit("fenced-dispatch", flow)
     await asyncio.wait_for(on_its_way.wait(), timeout=10)
     rw.worker._fence(rw.worker.active["fenced-dispatch"], "the test fences it")

@@ -345,8 +345,10 @@ async def test_policy_is_not_called_again_for_a_turn_a_previous_worker_recorded(
     rec = Recorder()
     flow = _booking_flow(rec)
     await db.submit("replay-1", flow)
-    [ghost] = await store.claim_runs("ghost-worker", [flow.ref], dt.timedelta(seconds=30), 1)
-    await store.record_turn(
+    [(ghost, _)] = await store.worker.claim_runs(
+        "ghost-worker", [flow.ref], dt.timedelta(seconds=30), 1
+    )
+    await store.worker.record_turn(
         "replay-1",
         ghost.lease_id,
         ghost.fencing_token,
@@ -418,8 +420,10 @@ async def test_call_in_flight_when_its_worker_died_is_recovered_by_safety_class(
         return [] if history else [ToolCall("act", {})]
 
     await db.submit("rec-1", flow)
-    [ghost] = await store.claim_runs("ghost-worker", [flow.ref], dt.timedelta(seconds=30), 1)
-    await store.record_turn(
+    [(ghost, _)] = await store.worker.claim_runs(
+        "ghost-worker", [flow.ref], dt.timedelta(seconds=30), 1
+    )
+    await store.worker.record_turn(
         "rec-1",
         ghost.lease_id,
         ghost.fencing_token,
@@ -427,7 +431,8 @@ async def test_call_in_flight_when_its_worker_died_is_recovered_by_safety_class(
         [{"call_id": "c0", "tool": "act", "args": {}}],
     )
     assert (
-        await store.dispatch_call("rec-1", ghost.lease_id, ghost.fencing_token, "rec-1:0:c0") == 1
+        await store.worker.dispatch_call("rec-1", ghost.lease_id, ghost.fencing_token, "rec-1:0:c0")
+        == 1
     )
     db_clock.advance(60)
 

@@ -159,7 +159,7 @@ def _policy_runs(rec: Recorder) -> set[str]:
 
 async def _ghost_claim(store: Any, run_id: str, flow: Flow) -> int:
     """A previous holder (that later died) claimed the run; returns its token."""
-    (ghost,) = await store.claim_runs("ghost", [flow.ref], dt.timedelta(seconds=5), 1)
+    ((ghost, _),) = await store.worker.claim_runs("ghost", [flow.ref], dt.timedelta(seconds=5), 1)
     assert ghost.run_id == run_id
     return int(ghost.fencing_token)
 
@@ -300,11 +300,14 @@ async def test_a_crash_loop_whose_calls_cannot_be_read_pauses(
     rec = Recorder()
     flow = _flow(rec)
     await db.submit("blind", flow)
-    lease = await store.claim_runs("ghost", [flow.ref], dt.timedelta(seconds=5), 1)
-    await store.record_turn(
+    claims = await store.worker.claim_runs("ghost", [flow.ref], dt.timedelta(seconds=5), 1)
+    lease = [run for run, _ in claims]
+    await store.worker.record_turn(
         "blind", lease[0].lease_id, lease[0].fencing_token, 0, [{"call_id": "c0", "tool": "act"}]
     )
-    await store.dispatch_call("blind", lease[0].lease_id, lease[0].fencing_token, "blind:0:c0")
+    await store.worker.dispatch_call(
+        "blind", lease[0].lease_id, lease[0].fencing_token, "blind:0:c0"
+    )
     await db.rows("UPDATE runledger.runs SET stalled_claims = 5 WHERE run_id = 'blind'")
 
     worker = await start_worker(flow, limits=LIMITS)

@@ -106,17 +106,17 @@ async def test_a_worker_behind_a_transaction_pooler_holds_its_id_by_heartbeats(
     # its heartbeats go unanswered: it stops claiming before its silence frees the id
     assert w.store is not None
     store = w.store
-    beat = store.heartbeat_worker
+    beat = store.registry.heartbeat_worker
 
     async def unanswered(*args: Any, **kwargs: Any) -> None:
         raise TimeoutError("heartbeat not answered")
 
-    store.heartbeat_worker = unanswered  # type: ignore[method-assign]
+    store.registry.heartbeat_worker = unanswered  # type: ignore[method-assign]
     await eventually(lambda: w.claims_paused, timeout=10, what="claims paused")
     assert w.claims_paused_because() == (
         "no heartbeat answered for nearly a lease: claiming paused until one is"
     )
-    store.heartbeat_worker = beat  # type: ignore[method-assign]
+    store.registry.heartbeat_worker = beat  # type: ignore[method-assign]
     await eventually(lambda: not w.claims_paused, timeout=10, what="claims resumed")
     assert not task.done()
 

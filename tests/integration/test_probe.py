@@ -1,4 +1,4 @@
-"""The start-up probe (``runledger.db.execution.probe``): a connection the server ends
+"""The start-up probe (``runledger.db.connecting.probe``): a connection the server ends
 while the schema is checked is opened again within the probe's time, so a worker that
 starts during a storm of ``pg_terminate_backend`` does not exit with a traceback."""
 
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from runledger import errors
-from runledger.db.execution import probe
+from runledger.db.connecting import probe
 from runledger.db.migrate import head
 
 NAME = "runledger-probe-test"

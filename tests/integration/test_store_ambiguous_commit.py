@@ -22,6 +22,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from runledger import errors
+from runledger.db.execution import Executor
 from runledger.db.store import Store
 from runledger.model import ClaimedRun
 
@@ -31,7 +32,7 @@ KEY = "amb-1:0:c1"
 LEASE = dt.timedelta(seconds=60)
 
 
-class FlakyStore(Store):
+class FlakyExecutor(Executor):
     """Fails the first statement that starts with ``prefix``: after running it
     (``landed=True``, a lost COMMIT acknowledgement) or before (``landed=False``).
     ``meanwhile`` runs between the failure and the store's next statement: another
@@ -50,38 +51,56 @@ class FlakyStore(Store):
         self.meanwhile = meanwhile
         self.sent: list[str] = []
 
-    async def _rows(self, sql: Any, params: Sequence[Any]) -> list[dict[str, Any]]:
+    async def rows(self, sql: Any, params: Sequence[Any]) -> list[dict[str, Any]]:
         text = str(sql)
         self.sent.append(text)
         if self.prefix and text.startswith(self.prefix):
             self.prefix = ""
             if self.landed:
-                await super()._rows(sql, params)
+                await super().rows(sql, params)
             if self.meanwhile is not None:
                 self.meanwhile()
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return await super()._rows(sql, params)
+        return await super().rows(sql, params)
+
+
+class FlakyStore(Store):
+    """Both stores over a :class:`FlakyExecutor` on ``pool``."""
+
+    def __init__(
+        self,
+        pool: Any,
+        prefix: str,
+        landed: bool,
+        meanwhile: Callable[[], object] | None = None,
+    ) -> None:
+        self.flaky = FlakyExecutor(pool, prefix, landed, meanwhile)
+        super().__init__(self.flaky)
+
+    @property
+    def sent(self) -> list[str]:
+        return self.flaky.sent
 
 
 # -- starting points ---------------------------------------------------------------------
 
 
 async def leased(store: Store) -> ClaimedRun:
-    await store.submit_run(RUN, "demo", "1", {"x": 1})
-    (claim,) = await store.claim_runs("w1", ["demo@1"], LEASE, 1)
+    await store.worker.submit_run(RUN, "demo", "1", {"x": 1})
+    ((claim, _),) = await store.worker.claim_runs("w1", ["demo@1"], LEASE, 1)
     return claim
 
 
 async def planned(store: Store) -> ClaimedRun:
     claim = await leased(store)
     lease = (claim.run_id, claim.lease_id, claim.fencing_token)
-    await store.record_turn(*lease, 0, [{"call_id": "c1", "tool": "t", "args": {}}])
+    await store.worker.record_turn(*lease, 0, [{"call_id": "c1", "tool": "t", "args": {}}])
     return claim
 
 
 async def dispatched(store: Store) -> ClaimedRun:
     claim = await planned(store)
-    await store.dispatch_call(claim.run_id, claim.lease_id, claim.fencing_token, KEY)
+    await store.worker.dispatch_call(claim.run_id, claim.lease_id, claim.fencing_token, KEY)
     return claim
 
 
@@ -92,22 +111,24 @@ async def two_planned(store: Store) -> ClaimedRun:
     claim = await leased(store)
     lease = (claim.run_id, claim.lease_id, claim.fencing_token)
     calls = [{"call_id": "c1", "tool": "t", "args": {}}, {"call_id": "c2", "tool": "t"}]
-    await store.record_turn(*lease, 0, calls)
-    await store.dispatch_call(*lease, KEY)
+    await store.worker.record_turn(*lease, 0, calls)
+    await store.worker.dispatch_call(*lease, KEY)
     return claim
 
 
 async def paused_unknown(store: Store) -> ClaimedRun:
     claim = await dispatched(store)
     lease = (claim.run_id, claim.lease_id, claim.fencing_token)
-    await store.complete_call(*lease, KEY, "unknown", {"error": "timeout"}, None)
-    await store.finish_run(*lease, "paused", None, "reconcile")
+    await store.worker.complete_call(*lease, KEY, "unknown", {"error": "timeout"}, None)
+    await store.worker.finish_run(*lease, "paused", None, "reconcile")
     return claim
 
 
 async def finished(store: Store, status: str) -> ClaimedRun:
     claim = await leased(store)
-    await store.finish_run(claim.run_id, claim.lease_id, claim.fencing_token, status, None, "x")
+    await store.worker.finish_run(
+        claim.run_id, claim.lease_id, claim.fencing_token, status, None, "x"
+    )
     return claim
 
 
@@ -210,20 +231,20 @@ class Case:
         return f"SELECT runledger.{self.function}("
 
 
-# functions that return a row, selected FROM (Store.record_turn_v3 sends record_turn_v4)
+# functions that return a row, selected FROM
 ROW_FUNCTIONS = frozenset({"record_turn_v4"})
 
 
 def complete(outcome: str, result: Any, receipt: Any) -> Act:
-    return lambda s, c: s.complete_call(*lease_of(c), KEY, outcome, result, receipt)
+    return lambda s, c: s.worker.complete_call(*lease_of(c), KEY, outcome, result, receipt)
 
 
 def finish(status: str, result: Any, reason: str | None) -> Act:
-    return lambda s, c: s.finish_run(*lease_of(c), status, result, reason)
+    return lambda s, c: s.worker.finish_run(*lease_of(c), status, result, reason)
 
 
 def resolve(resolution: str, receipt: Any) -> Act:
-    return lambda s, c: s.resolve_call(KEY, resolution, receipt, "alice", "checked")
+    return lambda s, c: s.operator.resolve_call(KEY, resolution, receipt, "alice", "checked")
 
 
 CASES = [
@@ -231,7 +252,7 @@ CASES = [
         "dispatch_call",
         "dispatch_call",
         planned,
-        lambda s, c: s.dispatch_call(*lease_of(c), KEY),
+        lambda s, c: s.worker.dispatch_call(*lease_of(c), KEY),
         returns=1,
         call={"status": "dispatched", "attempts": 1, "dispatched_token": 1},
         events={"call_dispatched": 1},
@@ -241,7 +262,7 @@ CASES = [
         "dispatch_call-again",
         "dispatch_call",
         dispatched,
-        lambda s, c: s.dispatch_call(*lease_of(c), KEY, attempts_seen=1),
+        lambda s, c: s.worker.dispatch_call(*lease_of(c), KEY, attempts_seen=1),
         returns=2,
         call={"status": "dispatched", "attempts": 2, "dispatched_token": 1},
         events={"call_dispatched": 1},
@@ -308,41 +329,17 @@ CASES = [
         "checkpoint",
         "checkpoint",
         leased,
-        lambda s, c: s.checkpoint(*lease_of(c), 0, {"turn": (1, 2)}),
+        lambda s, c: s.worker.checkpoint(*lease_of(c), 0, {"turn": (1, 2)}),
         returns=1,
         run={"state_version": 1, "state": {"turn": [1, 2]}},
         events={"checkpoint": 1},
     ),
     Case(
-        "record_turn",
-        "record_turn_v2",
-        leased,
-        lambda s, c: s.record_turn(
-            *lease_of(c),
-            0,
-            [{"call_id": "c1", "tool": "t", "args": {}, "provider_id": "toolu_1"}],
-            record=DECISION_RECORD,
-        ),
-        call={"status": "planned", "attempts": 0, "provider_id": "toolu_1"},
-        turn={"record": DECISION_RECORD, "output": None},
-        events={"turn_recorded": 1},
-        repeatable=True,
-    ),
-    Case(
-        "record_turn-final",
-        "record_turn_v2",
-        leased,
-        lambda s, c: s.record_turn(*lease_of(c), 0, [], record=DECISION_RECORD, output=["ok"]),
-        turn={"calls": [], "record": DECISION_RECORD, "output": ["ok"]},
-        events={"turn_recorded": 1},
-        repeatable=True,
-    ),
-    Case(
         # the fast path (0008): the decision, the checkpoint before it, one transaction
-        "record_turn_v3",
+        "record_turn-checkpoint",
         "record_turn_v4",
         leased,
-        lambda s, c: s.record_turn_v3(
+        lambda s, c: s.worker.record_turn(
             *lease_of(c),
             0,
             [{"call_id": "c1", "tool": "t", "args": {}, "provider_id": "toolu_1"}],
@@ -350,7 +347,7 @@ CASES = [
             expected_version=0,
             state={"completed_turns": 0},
         ),
-        returns=1,
+        returns=(1, ()),
         call={"status": "planned", "attempts": 0, "provider_id": "toolu_1"},
         run={"state_version": 1, "state": {"completed_turns": 0}, "status": "running"},
         turn={"record": DECISION_RECORD, "output": None},
@@ -361,7 +358,7 @@ CASES = [
         "record_turn_v4-dispatch",
         "record_turn_v4",
         leased,
-        lambda s, c: s.record_turn_v4(
+        lambda s, c: s.worker.record_turn(
             *lease_of(c),
             0,
             [{"call_id": "c1", "tool": "t", "args": {}}],
@@ -375,23 +372,23 @@ CASES = [
         events={"checkpoint": 1, "turn_recorded": 1, "call_dispatched": 1},
     ),
     Case(
-        "record_turn_v3-no-state",
+        "record_turn-no-state",
         "record_turn_v4",
         leased,
-        lambda s, c: s.record_turn_v3(
+        lambda s, c: s.worker.record_turn(
             *lease_of(c), 0, [{"call_id": "c1", "tool": "t"}], expected_version=0
         ),
-        returns=0,
+        returns=(0, ()),
         call={"status": "planned", "attempts": 0},
         run={"state_version": 0, "state": None},
         events={"turn_recorded": 1},
     ),
     Case(
         # the final decision ends the run: sent again, it would meet a lease that is gone
-        "record_turn_v3-final",
+        "record_turn-final",
         "record_turn_v4",
         leased,
-        lambda s, c: s.record_turn_v3(
+        lambda s, c: s.worker.record_turn(
             *lease_of(c),
             0,
             [],
@@ -401,7 +398,7 @@ CASES = [
             state={"completed_turns": 0},
             finish=True,
         ),
-        returns=1,
+        returns=(1, ()),
         run={"status": "succeeded", "lease_id": None, "result": ["ok"], "state_version": 1},
         turn={"calls": [], "record": DECISION_RECORD, "output": ["ok"]},
         events={"checkpoint": 1, "turn_recorded": 1, "run_succeeded": 1},
@@ -411,7 +408,7 @@ CASES = [
         "complete_call_v2-succeeded",
         "complete_call_v2",
         two_planned,
-        lambda s, c: s.complete_call_v2(
+        lambda s, c: s.worker.complete_and_dispatch(
             *lease_of(c),
             KEY,
             "succeeded",
@@ -435,7 +432,7 @@ CASES = [
         "complete_call_v2-failed",
         "complete_call_v2",
         two_planned,
-        lambda s, c: s.complete_call_v2(
+        lambda s, c: s.worker.complete_and_dispatch(
             *lease_of(c),
             KEY,
             "failed",
@@ -477,7 +474,7 @@ CASES = [
         "release_lease",
         "release_lease",
         leased,
-        lambda s, c: s.release_lease(*lease_of(c)),
+        lambda s, c: s.worker.release_lease(*lease_of(c)),
         run={"status": "queued", "lease_id": None},
         events={"lease_released": 1},
     ),
@@ -513,7 +510,7 @@ CASES = [
         "retry_run-failed",
         "retry_run",
         failed,
-        lambda s, c: s.retry_run(RUN, "alice"),
+        lambda s, c: s.operator.retry_run(RUN, "alice"),
         run={"status": "queued", "error": None},
         events={"run_requeued": 1},
     ),
@@ -521,7 +518,7 @@ CASES = [
         "retry_run-paused",
         "retry_run",
         paused,
-        lambda s, c: s.retry_run(RUN, "alice"),
+        lambda s, c: s.operator.retry_run(RUN, "alice"),
         run={"status": "queued", "pause_reason": None},
         events={"run_requeued": 1},
     ),
@@ -529,7 +526,7 @@ CASES = [
         "cancel_run",
         "cancel_run",
         dispatched,
-        lambda s, c: s.cancel_run(RUN, "alice", "stop"),
+        lambda s, c: s.operator.cancel_run(RUN, "alice", "stop"),
         call={"status": "unknown"},
         run={"status": "cancelled", "lease_id": None},
         events={"run_cancelled": 1},
@@ -540,7 +537,7 @@ CASES = [
         "prune_runs",
         "prune_runs",
         succeeded,
-        lambda s, c: s.prune_runs(dt.datetime.now(dt.UTC) + dt.timedelta(days=1), True),
+        lambda s, c: s.operator.prune_runs(dt.datetime.now(dt.UTC) + dt.timedelta(days=1), True),
         returns=1,
         runs=0,
     ),
@@ -554,7 +551,7 @@ async def test_a_write_applies_once_after_a_lost_acknowledgement(
 ) -> None:
     ctx = await case.setup(store)
     before = event_counts(admin_conn)
-    flaky = FlakyStore(store.pool, case.prefix, landed)
+    flaky = FlakyStore(store.executor.pool, case.prefix, landed)
 
     assert await case.act(flaky, ctx) == case.returns
 
@@ -583,8 +580,8 @@ async def test_a_write_applies_once_after_a_lost_acknowledgement(
 async def test_submit_run_creates_the_run_once_after_a_lost_acknowledgement(
     store: Store, admin_conn: Conn
 ) -> None:
-    flaky = FlakyStore(store.pool, "SELECT * FROM runledger.submit_run(", landed=True)
-    submitted = await flaky.submit_run(RUN, "demo", "1", {"x": 1})
+    flaky = FlakyStore(store.executor.pool, "SELECT * FROM runledger.submit_run(", landed=True)
+    submitted = await flaky.worker.submit_run(RUN, "demo", "1", {"x": 1})
     assert submitted.run_id == RUN
     assert admin_conn.execute("SELECT count(*) FROM runledger.runs").fetchone() == (1,)
     assert event_counts(admin_conn) == {"submitted": 1}
@@ -602,12 +599,12 @@ async def test_a_finished_pause_counts_although_an_operator_requeued_the_run(
 ) -> None:
     claim = await leased(store)
     flaky = FlakyStore(
-        store.pool,
+        store.executor.pool,
         "SELECT runledger.finish_run(",
         landed=True,
         meanwhile=sql(admin_conn, "SELECT runledger.retry_run('amb-1', 'op')"),
     )
-    await flaky.finish_run(*lease_of(claim), "paused", None, "waiting")  # no LeaseLost
+    await flaky.worker.finish_run(*lease_of(claim), "paused", None, "waiting")  # no LeaseLost
     assert run_row(admin_conn)["status"] == "queued"
     assert event_counts(admin_conn)["run_paused"] == 1
 
@@ -617,13 +614,13 @@ async def test_a_release_that_did_not_land_is_not_mistaken_for_a_cancel(
 ) -> None:
     claim = await leased(store)
     flaky = FlakyStore(
-        store.pool,
+        store.executor.pool,
         "SELECT runledger.release_lease(",
         landed=False,
         meanwhile=sql(admin_conn, "SELECT runledger.cancel_run('amb-1', 'op', NULL)"),
     )
     with pytest.raises(errors.LeaseLost):
-        await flaky.release_lease(*lease_of(claim))
+        await flaky.worker.release_lease(*lease_of(claim))
     assert "lease_released" not in event_counts(admin_conn)
 
 
@@ -632,11 +629,11 @@ async def test_a_retry_that_did_not_land_is_not_mistaken_for_a_cancel(
 ) -> None:
     await paused(store)
     flaky = FlakyStore(
-        store.pool,
+        store.executor.pool,
         "SELECT runledger.retry_run(",
         landed=False,
         meanwhile=sql(admin_conn, "SELECT runledger.cancel_run('amb-1', 'op', NULL)"),
     )
     with pytest.raises(errors.InvalidTransition):
-        await flaky.retry_run(RUN, "alice")
+        await flaky.operator.retry_run(RUN, "alice")
     assert "run_requeued" not in event_counts(admin_conn)

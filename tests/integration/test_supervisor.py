@@ -309,7 +309,8 @@ async def test_a_helper_stops_when_cancelled_as_its_statement_returns(
     task = _helper(helper)
     store = w.worker.store
     assert store is not None
-    real = getattr(store, statement)
+    registry = store.registry  # heartbeat_worker, checkpoint_events
+    real = getattr(registry, statement)
     returned: list[bool] = []
 
     async def cancels_the_helper(*args: Any, **kwargs: Any) -> Any:
@@ -318,7 +319,7 @@ async def test_a_helper_stops_when_cancelled_as_its_statement_returns(
         task.cancel()  # the stop's cancel, arriving as the statement completes
         return value
 
-    monkeypatch.setattr(store, statement, cancels_the_helper)
+    monkeypatch.setattr(registry, statement, cancels_the_helper)
     done, _ = await asyncio.wait({task}, timeout=10)
     assert task in done, f"{helper} went on after {len(returned)} cancelled statements"
     assert task.cancelled() and returned == [True]

@@ -60,8 +60,8 @@ def test_database_and_clock(runledger_admin_conn, runledger_db_clock):
 
 @pytest.mark.asyncio
 async def test_store(runledger_store):
-    await runledger_store.submit_run("r1", "greet", "1", {"name": "ada"})
-    run = await runledger_store.get_run("r1")
+    await runledger_store.worker.submit_run("r1", "greet", "1", {"name": "ada"})
+    run = await runledger_store.operator.get_run("r1")
     assert run.status == "queued"
 
 

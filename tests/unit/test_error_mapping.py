@@ -14,7 +14,7 @@ from psycopg.errors import lookup
 from psycopg.pq import DiagnosticField
 
 from runledger import errors
-from runledger.db.store import map_error
+from runledger.db.sqlstate import map_error
 from tests.unit.sql_source import raised_sqlstates
 
 DESIGN_TABLE = {

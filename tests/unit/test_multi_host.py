@@ -47,7 +47,7 @@ def test_the_workers_connect_timeout_keeps_every_host() -> None:
 
 
 def test_a_connection_error_names_every_host() -> None:
-    from runledger.db.execution import connect_error
+    from runledger.db.connecting import connect_error
 
     url = "postgresql://u@a:1,b:2/app?target_session_attrs=read-write"
     error = connect_error(OSError("session is read-only"), url, None)

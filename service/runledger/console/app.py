@@ -289,10 +289,10 @@ def build_app(config: ConsoleConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         console.hub.start()
         if config.allow_actions:
-            from runledger.db.store import Store
+            from runledger.db.operator_store import OperatorStore
 
             assert config.operator_url is not None
-            console.store = await Store.connect(
+            console.store = await OperatorStore.connect(
                 config.operator_url,
                 max_size=2,
                 application_name="runledger-console",

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from runledger.db import inspect
-from runledger.db.execution import is_connection_error
+from runledger.db.sqlstate import is_connection_error
 
 T = TypeVar("T")
 Conn = psycopg.Connection[dict[str, Any]]

@@ -21,7 +21,7 @@ class Console:
     hub: Hub
     sessions: Sessions
     pages: Pages
-    store: Any = None  # runledger.db.store.Store on the operator URL, with allow_actions
+    store: Any = None  # runledger.db.operator_store.OperatorStore, with allow_actions
     extra: dict[str, Any] = field(default_factory=dict)
 
     def context(self, request: Request, **values: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from runledger.db.execution import connect_error, connect_timeout_param
+from runledger.db.connecting import connect_error, connect_timeout_param
 from runledger.db.inspect import driver_error
 
 PATIENCE = 5.0  # s: how long a checkpoint on demand keeps trying for the table lock

@@ -42,8 +42,9 @@ import psycopg
 from psycopg.types.json import Jsonb, JsonbDumper
 
 from runledger.db import wire
-from runledger.db.execution import Executor, is_connection_error
+from runledger.db.execution import Executor
 from runledger.db.rows import Row
+from runledger.db.sqlstate import is_connection_error
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class Coalescer:
             # the batch failed: this write goes alone, from the caller's own task (its
             # pinned connection, no lock timeout), and gets its own answer
             if outcome is _AMBIGUOUS:
-                # as _execute does after a lost connection: wait, then read it back
+                # as Executor.execute does after a lost connection: wait, then read it back
                 await asyncio.sleep(self.executor.backoff * (0.5 + random.random()))
                 value = await write.landed()
                 if value is not None:
@@ -188,7 +189,7 @@ class Coalescer:
         return cast(T, outcome)
 
     async def _alone(self, write: Write[T]) -> T:
-        return await self.executor._execute(
+        return await self.executor.execute(
             write.sql, write.params, write.fields, write.result, write.landed
         )
 
@@ -241,7 +242,7 @@ class Coalescer:
         columns = [_column(c) for c in zip(*(w.row for w in writes), strict=True)]
         try:
             # the sender's connection (its context pins nothing of a run's)
-            rows = await self.executor._rows(self.batch, [*columns, LOCK_TIMEOUT])
+            rows = await self.executor.rows(self.batch, [*columns, LOCK_TIMEOUT])
             by_ordinal = {int(r["o"]): r for r in rows}
             if len(by_ordinal) != len(writes):
                 raise RuntimeError(f"{len(rows)} rows for a batch of {len(writes)} writes")

@@ -1,30 +1,27 @@
-"""Running one statement: the pool, SQLSTATE mapping, and retries that never repeat a write.
+"""Running one statement: the pool, and retries that never repeat a write.
 
 Every statement is one contract function call (or one read) in autocommit, so one
 statement is one transaction. Two ways to send one:
 
-- :meth:`Executor._read`: safe to repeat (reads, renewals, functions that are no-ops
+- :meth:`Executor.read`: safe to repeat (reads, renewals, functions that are no-ops
   when repeated). Sent again after any connection failure.
-- :meth:`Executor._write`: not safe to repeat. A connection failure while the statement
+- :meth:`Executor.write`: not safe to repeat. A connection failure while the statement
   was in flight leaves the outcome unknown (the COMMIT may have landed), so before
-  sending it again the write's read-back, ``landed``, is asked: it returns the write's
-  typed result when the row shows the write, or ``None`` when it did not land.
+  sending it again the write's read-back, ``landed`` (:mod:`runledger.db.landed`), is
+  asked: it returns the write's typed result when the row shows the write, or ``None``
+  when it did not land.
 
 Serialization failures and deadlocks (the transaction was rolled back) are sent again
-without a read-back.
+without a read-back. A refusal is mapped by :func:`runledger.db.sqlstate.map_error`, the
+one place that maps SQLSTATEs.
 
 :meth:`Executor.pinned`: the statements of one task (a run's writes, and the tasks it
 starts) go through one connection of the pool instead of a checkout each; a connection
 failure unpins it, and the pool takes over again. The connection given back last is
 handed out first (:class:`_Warm`).
 
-Connecting (:func:`probe`, which :meth:`runledger.db.store.Store.connect` and
-``runledger migrate`` call first) fails fast and says why in one line: within the connect
-timeout, a :class:`~runledger.errors.DatabaseUnavailable` naming host, port and database
-and what to do (``createdb``, the role and password, the server), a
-:class:`~runledger.errors.ConfigurationError` for a URL that is not one, and a
-:class:`~runledger.errors.SchemaMissing` for a database without the runledger schema or
-with an older revision of it (``runledger migrate``).
+Connecting (:meth:`Executor.connect`) probes first (:mod:`runledger.db.connecting`) and
+fails fast, in one line.
 """
 
 from __future__ import annotations
@@ -32,365 +29,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import os
 import random
-import re
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from enum import StrEnum
-from typing import Any, LiteralString, TypeVar
+from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from runledger import errors
-from runledger.db import wire
-from runledger.db.pooler import Reach, reach
+from runledger.config import default, url_connect_timeout
+from runledger.db import decode, wire
+from runledger.db.connecting import connect_error, connect_timeout_param, probe, probe_blocking
+from runledger.db.pooler import Reach
 from runledger.db.rows import Row
+from runledger.db.server import in_recovery
+from runledger.db.sqlstate import (
+    RETRYABLE_SQLSTATES,
+    is_connection_error,
+    map_error,
+    raise_mapped,
+    read_only,
+)
 from runledger.db.validate import check_json
+
+# imported from here by the CLI and the console, which are not the store's to edit
+__all__ = [
+    "Executor",
+    "Landed",
+    "connect_error",
+    "connect_timeout_param",
+    "in_recovery",
+    "is_connection_error",
+    "map_error",
+    "probe_blocking",
+]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-E = TypeVar("E", bound=StrEnum)
-
-RETRYABLE_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03", "55P03"}
-INPUT_SQLSTATES = {"22P05", "22021", "22P02", "22007", "22008", "22003", "54000"}
-READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction: a hot standby, or a read-only session
-
-AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 
 Landed = Callable[[], Awaitable[T | None]]
-
-
-def is_connection_error(exc: psycopg.Error) -> bool:
-    if isinstance(exc, psycopg.OperationalError) and (
-        exc.sqlstate is None or exc.sqlstate.startswith("08") or exc.sqlstate.startswith("57P")
-    ):
-        return True
-    return isinstance(exc, psycopg.InterfaceError)
-
-
-def map_error(
-    exc: psycopg.Error, *, conn: AnyConnection | None = None, **fields: Any
-) -> errors.RunLedgerError | None:
-    """The runledger exception for a driver error, or ``None`` when it is not a refusal.
-    ``conn``, the connection that got it, tells a standby's refusal of a write from a
-    read-only session's (:func:`read_only`)."""
-    if exc.sqlstate == READ_ONLY_SQLSTATE:
-        return read_only(exc, conn, **fields)
-    diag = exc.diag
-    message = diag.message_primary or str(exc)
-    mapped = errors.from_sqlstate(
-        exc.sqlstate,
-        message,
-        detail=diag.message_detail or None,
-        hint=diag.message_hint or None,
-        **fields,
-    )
-    if mapped is not None:
-        return mapped
-    if exc.sqlstate in INPUT_SQLSTATES:
-        return errors.InvalidInput(
-            message, detail=diag.message_detail or None, hint=diag.message_hint or None, **fields
-        )
-    return None
-
-
-def hot_standby(conn: AnyConnection | None) -> bool | None:
-    """Whether the server of ``conn`` is a hot standby, as it said itself: PostgreSQL 14
-    and later report ``in_hot_standby`` when the session starts and again when a
-    promotion ends recovery. None when it did not say (PostgreSQL 13, or no ``conn``):
-    ask ``pg_is_in_recovery()`` then."""
-    if conn is None:
-        return None
-    said = conn.info.parameter_status("in_hot_standby")
-    return None if said is None else said == "on"
-
-
-async def in_recovery(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """Whether the server of ``conn`` is a standby: as it said (:func:`hot_standby`), or
-    asked (``pg_is_in_recovery()``) when it did not."""
-    said = hot_standby(conn)
-    if said is not None:
-        return said
-    cur = await conn.execute("SELECT pg_is_in_recovery()")
-    row = await cur.fetchone()
-    return bool(row is not None and row[0])
-
-
-# the outermost function of a refusal's CONTEXT: its last line, innermost first
-_CONTEXT_FUNCTION = re.compile(r'(?:PL/pgSQL function |SQL function ")(?:runledger\.)?(\w+)')
-
-
-def read_only(exc: psycopg.Error, conn: AnyConnection | None, **fields: Any) -> errors.ReadOnly:
-    """A write refused with SQLSTATE 25006, as one line: the contract function refused
-    (or "the write"), the server's reason, and what to do: on a standby, point writes at
-    the primary. Reads work there, so only a write ever gets this."""
-    diag = exc.diag
-    reason = diag.message_primary or _reason(exc)
-    names = _CONTEXT_FUNCTION.findall(diag.context or "")
-    what = f"runledger.{names[-1]}" if names else "the write"
-    where = "the database"
-    if conn is not None and conn.info.host:
-        where = hosts_ports(conn.info.host, str(conn.info.port))
-    standby = hot_standby(conn)
-    if standby:
-        why = f"{where} is a standby (in recovery): point writes at the primary"
-    elif standby is False:
-        why = (
-            f"the session on {where} is read-only (default_transaction_read_only): "
-            "writes need a read-write session"
-        )
-    else:
-        why = f"{where} only reads (a standby, or a read-only session): point writes at the primary"
-    return errors.ReadOnly(f"{what} refused: {reason}; {why}", standby=standby, **fields)
-
-
-# -- connecting ----------------------------------------------------------------------------
-
-
-def connect_timeout_param(seconds: float) -> int:
-    """libpq's ``connect_timeout`` for ``seconds``: whole seconds, at least 2 (libpq's floor)."""
-    return max(2, math.ceil(seconds))
-
-
-def _where(url: str) -> tuple[str, str, str, str]:
-    """(host, port, database, role) that ``url`` names, with libpq's environment defaults.
-
-    Never the password. A string libpq cannot parse is a ``ConfigurationError``.
-    """
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        reason = " ".join(str(exc).split())
-        raise errors.ConfigurationError(
-            f"the database URL is not a PostgreSQL URL ({reason}): "
-            "expected postgresql://user@host:port/dbname"
-        ) from None
-    role = str(params.get("user") or os.environ.get("PGUSER") or _os_user())
-    host = str(params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "")
-    port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
-    dbname = str(params.get("dbname") or os.environ.get("PGDATABASE") or role)
-    return host or "the local socket", port, dbname, role
-
-
-def hosts_ports(host: str, port: str) -> str:
-    """``host:port``; for a multi-host URL (``host=a,b port=1,2``) ``a:1,b:2``."""
-    hosts, ports = host.split(","), port.split(",")
-    if len(hosts) == 1:
-        return f"{host}:{port}"
-    if len(ports) == 1:
-        ports = ports * len(hosts)
-    return ",".join(f"{h}:{p}" for h, p in zip(hosts, ports, strict=False))
-
-
-def _os_user() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "?"
-
-
-_FAILED_AT = re.compile(r"^.*?failed: ", re.DOTALL)
-
-
-def _reason(exc: BaseException) -> str:
-    """libpq's reason, on one line: 'FATAL:  database "x" does not exist' -> 'database ...'."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    first = lines[0] if lines else type(exc).__name__
-    first = _FAILED_AT.sub("", first.removeprefix("connection failed: "))
-    return first.removeprefix("FATAL:").strip()
-
-
-_AUTH = (
-    "password authentication failed",
-    "authentication failed",
-    "no password supplied",
-    "pg_hba.conf",
-    "permission denied for database",
-)
-
-
-def connect_error(
-    exc: BaseException, url: str, timeout: float | None
-) -> errors.DatabaseUnavailable | errors.ConfigurationError:
-    """The one-line runledger error for a failed connection attempt to ``url``."""
-    if isinstance(exc, psycopg.ProgrammingError):
-        try:
-            _where(url)
-        except errors.ConfigurationError as bad_url:
-            return bad_url
-        return errors.ConfigurationError(f"bad connection setting: {_reason(exc)}")
-    host, port, dbname, role = _where(url)
-    at = f"PostgreSQL at {hosts_ports(host, port)}"
-    reason = _reason(exc)
-    lowered = reason.lower()
-    if "database" in lowered and "does not exist" in lowered:
-        return errors.DatabaseUnavailable(
-            f"database {dbname!r} does not exist on {at}: create it with `createdb {dbname}` "
-            "(or CREATE DATABASE), then run `runledger migrate`"
-        )
-    if ("role" in lowered and "does not exist" in lowered) or any(a in lowered for a in _AUTH):
-        return errors.DatabaseUnavailable(
-            f"{at} refused role {role!r} for database {dbname!r} ({reason}): "
-            "check the role and password in the database URL"
-        )
-    if isinstance(exc, TimeoutError | psycopg.errors.ConnectionTimeout) or "timeout" in lowered:
-        within = f" within {timeout:g} s" if timeout is not None else ""
-        return errors.DatabaseUnavailable(
-            f"no answer from {at} (database {dbname!r}){within}: check the host and port in "
-            "the database URL and that the server is running (or raise --connect-timeout)"
-        )
-    return errors.DatabaseUnavailable(
-        f"cannot reach {at} (database {dbname!r}): {reason}; "
-        "check that the server is running and the host and port in the database URL"
-    )
-
-
-async def probe(
-    url: str,
-    *,
-    timeout: float,
-    application_name: str = "runledger",
-    check_schema: bool = True,
-    writes: str | None = None,
-    detect_pooler: bool = False,
-) -> tuple[Reach, str] | None:
-    """Connect once within ``timeout`` seconds and check the schema, or raise the one line.
-
-    The schema check: ``runledger.runs`` exists, and the database is not at an older
-    revision than this code's head (a newer one is fine: two releases share a database
-    during a rolling deploy). ``writes`` names what is about to write (``"the
-    migration"``): a standby is then :class:`~runledger.errors.ReadOnly` before it starts.
-    With ``detect_pooler``, what the URL reaches and why (:func:`runledger.db.pooler.reach`);
-    else None.
-
-    A connection the server ends while the checks run (an operator's
-    ``pg_terminate_backend``, a restart) is opened again within the same ``timeout``: a
-    process starting then is not stopped by it.
-    """
-    host, port, dbname, _ = _where(url)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        left = max(0.1, deadline - loop.time())
-        try:
-            async with asyncio.timeout(left):
-                conn = await psycopg.AsyncConnection.connect(
-                    url,
-                    autocommit=True,
-                    connect_timeout=connect_timeout_param(left),
-                    application_name=application_name[:63],
-                    prepare_threshold=None,  # a few statements, and perhaps through a pooler
-                )
-        except TimeoutError as exc:
-            raise connect_error(exc, url, timeout) from None
-        except psycopg.Error as exc:
-            raise connect_error(exc, url, timeout) from None
-        try:
-            async with conn:
-                if writes is not None and await in_recovery(conn):
-                    where = hosts_ports(conn.info.host, str(conn.info.port))
-                    raise errors.ReadOnly(
-                        f"{writes} refused: {where} is a standby (in recovery): point writes "
-                        "at the primary",
-                        standby=True,
-                    )
-                if check_schema:
-                    await _check_schema(conn, f"database {dbname!r} at {hosts_ports(host, port)}")
-                if not detect_pooler:
-                    return None
-                try:
-                    async with asyncio.timeout(max(0.1, deadline - loop.time())):
-                        return await reach(
-                            conn,
-                            url,
-                            connect_timeout=connect_timeout_param(left),
-                            application_name=application_name[:63],
-                        )
-                except TimeoutError as exc:
-                    raise connect_error(exc, url, timeout) from None
-        except psycopg.OperationalError as exc:
-            if not conn.broken or loop.time() >= deadline:  # not a lost connection: as is
-                raise connect_error(exc, url, timeout) from None
-
-
-def probe_blocking(
-    url: str,
-    *,
-    timeout: float,
-    application_name: str = "runledger",
-    check_schema: bool = True,
-    writes: str | None = None,
-) -> None:
-    """:func:`probe` from synchronous code, whether or not an event loop runs in this thread
-    (it gets a loop of its own, in a thread of its own)."""
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            asyncio.run(
-                probe(
-                    url,
-                    timeout=timeout,
-                    application_name=application_name,
-                    check_schema=check_schema,
-                    writes=writes,
-                )
-            )
-        except BaseException as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=target, name="runledger-probe", daemon=True)
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-
-
-async def _check_schema(conn: psycopg.AsyncConnection[Any], where: str) -> None:
-    from runledger.db.migrate import behind, head
-
-    cur = await conn.execute(
-        "SELECT to_regclass('runledger.runs') IS NOT NULL, "
-        "to_regclass('runledger.alembic_version') IS NOT NULL"
-    )
-    found = await cur.fetchone()
-    has_runs, has_version = found if found is not None else (False, False)
-    if not has_runs:
-        raise errors.SchemaMissing(
-            f"{where} has no runledger schema: run `runledger migrate` with this database URL"
-        )
-    if not has_version:
-        return
-    cur = await conn.execute("SELECT version_num FROM runledger.alembic_version LIMIT 1")
-    row = await cur.fetchone()
-    version = None if row is None else str(row[0])
-    if behind(version):
-        raise errors.SchemaMissing(
-            f"{where} is at schema revision {version or 'none'}, this code needs {head()}: "
-            "run `runledger migrate`"
-        )
-
-
-def word(what: str, value: str, enum: type[E]) -> E:
-    """``value`` as a member of ``enum``, or ``InvalidInput`` naming the allowed words."""
-    try:
-        return enum(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in enum)
-        raise errors.InvalidInput(
-            f"unknown {what} {value!r}", hint=f"expected one of: {allowed}"
-        ) from None
 
 
 def _rows_as_is(rows: list[Row]) -> list[Row]:
@@ -500,10 +182,13 @@ async def _send(
 
 
 class Executor:
-    """The pool and the retry loop every statement of the store goes through."""
+    """The pool and the retry loop every statement of the stores goes through: the one
+    place that sends SQL on a pooled connection (:meth:`read`, :meth:`write`) or on a
+    session of the caller's (:meth:`send_on`), and maps what the server refuses
+    (:mod:`runledger.db.sqlstate`)."""
 
     # what the pool's URL reaches (runledger.db.pooler), and why it looks so ('' when the
-    # pooler setting said): set by Store.connect
+    # pooler setting said): set by connect
     reach: Reach = "direct"
     reach_why: str = ""
 
@@ -527,7 +212,75 @@ class Executor:
         await self._warm.close()
         await self.pool.close()
 
-    async def _rows(self, sql: LiteralString | wire.Prepared, params: Sequence[Any]) -> list[Row]:
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        application_name: str = "runledger",
+        connect_timeout: float | None = None,
+        check_schema: bool = True,
+        pooler: str = default("pooler"),
+        **kwargs: Any,
+    ) -> Executor:
+        """Probe the database once, then open the pool; fail within ``connect_timeout``.
+
+        ``connect_timeout`` (seconds): when ``None``, the URL's own ``connect_timeout``,
+        else the ``connect_timeout`` setting's default. A database that cannot be reached
+        is :class:`~runledger.errors.DatabaseUnavailable`, one without the runledger schema
+        (or an older one) :class:`~runledger.errors.SchemaMissing`, a string that is not a
+        URL :class:`~runledger.errors.ConfigurationError`: one line each, naming host, port
+        and database (see :func:`runledger.db.connecting.probe`).
+
+        ``pooler`` (the ``pooler`` setting): what the URL reaches, ``session`` or
+        ``transaction`` as said, or found out by the probe (``auto``;
+        :mod:`runledger.db.pooler`). Through a transaction pooler nothing is prepared, by
+        psycopg or by :mod:`runledger.db.wire`: ``reach`` says which it was.
+        """
+        timeout = connect_timeout
+        if timeout is None:
+            timeout = url_connect_timeout(url) or float(default("connect_timeout"))
+        name = application_name[:63]
+        found = await probe(
+            url,
+            timeout=timeout,
+            application_name=name,
+            check_schema=check_schema,
+            detect_pooler=pooler == "auto",
+        )
+        reached, why = found or (pooler, "")  # as the pooler setting says
+        options: dict[str, Any] = {
+            "autocommit": True,
+            "row_factory": dict_row,
+            "application_name": name,
+            "connect_timeout": connect_timeout_param(timeout),
+        }
+        if reached == "transaction":  # a statement prepared on one server session is not
+            options["prepare_threshold"] = None  # there at the next transaction
+        pool = AsyncConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=options,
+            open=False,
+            name="runledger",
+            configure=decode.configure,  # one undecodable value never fails a whole batch
+        )
+        try:
+            await pool.open(wait=True, timeout=timeout)
+        except PoolTimeout as exc:  # it answered the probe, then went away
+            await pool.close()
+            raise connect_error(TimeoutError(str(exc)), url, timeout) from None
+        except BaseException:
+            await pool.close()
+            raise
+        executor = cls(pool, **kwargs)
+        executor.reach, executor.reach_why = cast(Reach, reached), why
+        return executor
+
+    async def rows(self, sql: LiteralString | wire.Prepared, params: Sequence[Any]) -> list[Row]:
         """Send one statement: the only place that talks to the driver."""
         pin = _PINNED.get()
         if pin is not None and pin.warm is self._warm and not pin.released:
@@ -573,7 +326,21 @@ class Executor:
             _PINNED.reset(token)
             await pin.release()
 
-    async def _read(
+    async def send_on(
+        self, conn: psycopg.AsyncConnection[Any], sql: LiteralString, params: Sequence[Any]
+    ) -> tuple[Any, ...] | None:
+        """One statement on ``conn``, a session of the caller's (a worker's listener
+        connection), not a pooled one: its first row as a tuple (None for none), a refusal
+        as its runledger exception. Not retried: when ``conn`` fails, the caller opens a
+        new session."""
+        try:
+            cur = await conn.execute(sql, params)
+            return await cur.fetchone() if cur.description else None
+        except psycopg.Error as exc:
+            raise_mapped(exc, conn=conn)
+            raise
+
+    async def read(
         self,
         sql: LiteralString | wire.Prepared,
         params: Sequence[Any],
@@ -581,9 +348,9 @@ class Executor:
         fields: dict[str, Any] | None = None,
     ) -> list[Row]:
         """A statement that is safe to repeat: sent again after any connection failure."""
-        return await self._execute(sql, params, fields or {}, _rows_as_is, None)
+        return await self.execute(sql, params, fields or {}, _rows_as_is, None)
 
-    async def _write(
+    async def write(
         self,
         sql: LiteralString | wire.Prepared,
         params: Sequence[Any],
@@ -598,9 +365,9 @@ class Executor:
         the same value from the tables after an ambiguous failure, or returns ``None``
         when the write did not land, and only then is the statement sent again.
         """
-        return await self._execute(sql, params, fields or {}, result, landed)
+        return await self.execute(sql, params, fields or {}, result, landed)
 
-    async def _execute(
+    async def execute(
         self,
         sql: LiteralString | wire.Prepared,
         params: Sequence[Any],
@@ -608,10 +375,12 @@ class Executor:
         result: Callable[[list[Row]], T],
         landed: Landed[T] | None,
     ) -> T:
+        """Send the statement, retrying as :meth:`read` (``landed`` None) or :meth:`write`
+        do; ``result`` builds the value from its rows."""
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
-                rows = await self._rows(sql, params)
+                rows = await self.rows(sql, params)
             except psycopg.Error as exc:
                 mapped = map_error(exc, **fields)
                 if mapped is not None:
@@ -638,7 +407,7 @@ class Executor:
             return result(rows)
         raise AssertionError("unreachable")
 
-    def _json(self, what: str, value: Any, *, obj: bool, nullable: bool = False) -> Jsonb | None:
+    def json(self, what: str, value: Any, *, obj: bool, nullable: bool = False) -> Jsonb | None:
         text = check_json(what, value, obj=obj, nullable=nullable, cap=self.max_payload_bytes)
         if text is None:
             return None

@@ -60,7 +60,7 @@ def read_connection(url: str, connect_timeout: float | None) -> Iterator[psycopg
     connection is :class:`~runledger.errors.DatabaseUnavailable`, a refusal with a
     runledger SQLSTATE its own exception, anything else (a missing privilege) a
     :class:`~runledger.errors.RunLedgerError` that names what the commands need."""
-    from runledger.db.execution import connect_error, connect_timeout_param
+    from runledger.db.connecting import connect_error, connect_timeout_param
 
     kwargs: dict[str, Any] = {"application_name": "runledger-cli"}
     if connect_timeout is not None:
@@ -94,7 +94,7 @@ def driver_error(
     connection, a refusal with its runledger SQLSTATE (a standby's refusal of a write,
     told apart on ``conn``), or ``what`` refused (``grants`` as the hint for a missing
     privilege)."""
-    from runledger.db.execution import is_connection_error, map_error
+    from runledger.db.sqlstate import is_connection_error, map_error
 
     if is_connection_error(exc):
         return errors.DatabaseUnavailable(

@@ -21,7 +21,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from runledger.db.reads import Reads
+from runledger.db.execution import Executor
 from runledger.db.results import (
     CALL_STATUS_AFTER,
     DECIDED_EVENT,
@@ -71,7 +71,12 @@ FINISHED_STATUS: dict[FinishStatus, RunStatus] = {
 FINISHED_RUNS = ["succeeded", "failed", "cancelled"]  # what prune_runs deletes
 
 
-class ReadBacks(Reads):
+class ReadBacks:
+    """The read-backs of every write that is not safe to repeat, over ``executor``."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
     async def _journaled(
         self,
         run_id: str,
@@ -85,7 +90,7 @@ class ReadBacks(Reads):
     ) -> bool:
         """Whether the run has an event of ``kind`` with these fields (``detail`` is
         matched by containment), newer than event id ``after``."""
-        rows = await self._read(
+        rows = await self.executor.read(
             """SELECT 1 AS found FROM runledger.run_events e
                WHERE e.run_id = %s AND e.kind = %s AND e.event_id > %s
                  AND (%s::bigint IS NULL OR e.fencing_token = %s::bigint)
@@ -110,7 +115,7 @@ class ReadBacks(Reads):
 
     async def event_mark(self, run_id: str) -> int:
         """The run's newest event id (0 for none): what an operator write is checked after."""
-        rows = await self._read(
+        rows = await self.executor.read(
             "SELECT coalesce(max(e.event_id), 0) AS mark FROM runledger.run_events e"
             " WHERE e.run_id = %s",
             (run_id,),
@@ -118,7 +123,7 @@ class ReadBacks(Reads):
         return int(rows[0]["mark"])
 
     async def _call_row(self, run_id: str | None, key: str) -> dict[str, Any] | None:
-        rows = await self._read(
+        rows = await self.executor.read(
             "SELECT run_id, status, attempts, dispatched_token, completed_token"
             " FROM runledger.run_calls WHERE idempotency_key = %s"
             " AND (%s::text IS NULL OR run_id = %s::text)",
@@ -227,12 +232,12 @@ class ReadBacks(Reads):
         finish: bool,
         dispatched: Sequence[str] = (),
     ) -> Recorded | None:
-        """``record_turn_v3``/``_v4``: the ``turn_recorded`` event of this turn under our
+        """``record_turn``: the ``turn_recorded`` event of this turn under our
         token (a lease records a turn once; the checkpoint, the finish and the dispatch of
         the ``dispatched`` calls are in its transaction). Its state_version is the version
         the write left; each dispatched call is then at its first attempt (the calls of a
         turn recorded now were never sent before)."""
-        rows = await self._read(
+        rows = await self.executor.read(
             """SELECT e.state_version FROM runledger.run_events e
                WHERE e.run_id = %s AND e.kind = 'turn_recorded' AND e.fencing_token = %s
                  AND e.detail @> %s::jsonb
@@ -318,7 +323,7 @@ class ReadBacks(Reads):
 
     async def prunable(self, before: dt.datetime) -> int:
         """How many runs ``prune_runs(before, ...)`` would delete now."""
-        rows = await self._read(
+        rows = await self.executor.read(
             "SELECT count(*) AS n FROM runledger.runs"
             " WHERE status = ANY (%s::text[]) AND finished_at < %s",
             (FINISHED_RUNS, before),

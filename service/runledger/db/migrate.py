@@ -3,10 +3,9 @@
 The revisions live in ``migrations/`` of a checkout; the wheel ships them inside the
 package as ``runledger/_migrations``.
 
-Alembic and SQLAlchemy are imported only by the functions that need them: every
-:class:`~runledger.db.store.Store` checks the schema's revision when it connects
-(:func:`revision_chain`, read from the revision files without importing them), and
-that should not cost a command half a second.
+Alembic and SQLAlchemy are imported only by the functions that need them: the revision
+chain every connection checks is read from the files (:mod:`runledger.db.revisions`),
+and that should not cost a command half a second.
 
 A database that cannot be reached is :class:`~runledger.errors.DatabaseUnavailable`,
 one line naming host, port and database and what to do (``createdb <name>``), never a
@@ -16,35 +15,41 @@ does, and :func:`current` and :func:`upgrade` map a connection failure the same 
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import functools
 import io
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
 
-from runledger.db.execution import connect_error, is_connection_error, probe_blocking
-from runledger.errors import ConfigurationError, RunLedgerError, SchemaTooOld
+from runledger.db.connecting import connect_error, probe_blocking
+from runledger.db.revisions import (
+    BEFORE_BASELINE,
+    behind,
+    head,
+    migrations_dir,
+    revision_chain,
+)
+from runledger.db.sqlstate import is_connection_error
+from runledger.errors import RunLedgerError, SchemaTooOld
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
-_PACKAGE = Path(__file__).resolve().parent.parent
-
-# The revisions of the unreleased history that the baseline 0.1 replaced (as in
-# migrations/env.py): a database at one of them is behind; `runledger migrate` brings one
-# at 0032 to the baseline and refuses the others (SchemaTooOld).
-BEFORE_BASELINE = frozenset(f"{n:04d}" for n in range(1, 33))
-
-
-def migrations_dir() -> Path:
-    for candidate in (_PACKAGE / "_migrations", _PACKAGE.parent.parent / "migrations"):
-        if (candidate / "env.py").is_file():
-            return candidate
-    raise ConfigurationError("runledger migrations not found (broken installation?)")
+__all__ = [
+    "alembic_config",
+    "behind",
+    "check_reachable",
+    "current",
+    "downgrade",
+    "head",
+    "known",
+    "migrations_dir",
+    "offline_sql",
+    "revision_chain",
+    "sqlalchemy_url",
+    "upgrade",
+]
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -95,59 +100,6 @@ def alembic_config(url: str | None, *, output: io.StringIO | None = None) -> Con
         # ConfigParser interpolates %; escape it for passwords that contain one.
         cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
     return cfg
-
-
-def head() -> str:
-    """The head revision: the last of :func:`revision_chain` (which refuses a chain that
-    is not linear, so there is exactly one)."""
-    return revision_chain()[-1]
-
-
-def behind(revision: str | None) -> bool:
-    """True for a schema this code cannot work with until ``runledger migrate``: no revision,
-    or one before the head. A revision this code does not know is a newer release's (two
-    releases share a database during a rolling deploy): not behind."""
-    return revision is None or revision in revision_chain()[:-1] or revision in BEFORE_BASELINE
-
-
-def _assigned(tree: ast.Module, name: str) -> str | None:
-    for node in tree.body:
-        targets = (
-            node.targets
-            if isinstance(node, ast.Assign)
-            else [node.target]
-            if isinstance(node, ast.AnnAssign)
-            else []
-        )
-        value = getattr(node, "value", None)
-        if (
-            any(isinstance(t, ast.Name) and t.id == name for t in targets)
-            and isinstance(value, ast.Constant)
-            and isinstance(value.value, str | None)
-        ):
-            return value.value
-    return None
-
-
-@functools.cache
-def revision_chain() -> tuple[str, ...]:
-    """The revisions from the first to the head, read from the revision files (``revision``
-    and ``down_revision``) without importing Alembic; the head is the last one."""
-    parents: dict[str, str | None] = {}
-    for path in sorted((migrations_dir() / "versions").glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        revision = _assigned(tree, "revision")
-        if revision is not None:
-            parents[revision] = _assigned(tree, "down_revision")
-    children = {parent: rev for rev, parent in parents.items()}
-    chain: list[str] = []
-    current = children.get(None)
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = children.get(current)
-    if len(chain) != len(parents):
-        raise ConfigurationError(f"the migrations are not one linear chain: {sorted(parents)}")
-    return tuple(chain)
 
 
 def known(revision: str) -> bool:

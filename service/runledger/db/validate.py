@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import operator
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from runledger.errors import InvalidInput
 from runledger.model import MAX_JSON_DEPTH, TRACEPARENT_RE
+
+E = TypeVar("E", bound=StrEnum)
 
 
 def _encodable(what: str, value: str, where: str = "") -> None:
@@ -176,3 +179,14 @@ def check_json(
     if cap is not None and len(text.encode()) > cap:
         raise InvalidInput(f"{what} is over the cap of {cap} bytes")
     return text
+
+
+def word(what: str, value: str, enum: type[E]) -> E:
+    """``value`` as a member of ``enum``, or ``InvalidInput`` naming the allowed words."""
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in enum)
+        raise InvalidInput(
+            f"unknown {what} {value!r}", hint=f"expected one of: {allowed}"
+        ) from None

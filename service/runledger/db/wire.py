@@ -19,7 +19,7 @@ store maps it to a runledger exception as before. The connection's lock is held 
 the whole exchange, as psycopg's ``execute`` holds it.
 
 A connection whose ``prepare_threshold`` is None (psycopg's own "never prepare", which
-:meth:`~runledger.db.store.Store.connect` sets behind a transaction pooler: a statement
+:meth:`~runledger.db.execution.Executor.connect` sets behind a transaction pooler: a statement
 prepared on one server session is not there at the next transaction, and another
 client's may be) sends each statement unnamed instead (``PGconn.send_query_params``:
 parsed and planned at each call, in one round trip as well). PgBouncer before 1.21 has no

@@ -33,6 +33,7 @@ import psycopg
 import pytest
 import pytest_asyncio
 
+from runledger.db import harness
 from runledger.testing.postgres import Databases, Server, acquire_server
 from runledger.testing.processes import ProviderProcess, WorkerPool
 
@@ -86,23 +87,14 @@ class DbClock:
 
     @property
     def offset(self) -> dt.timedelta:
-        row = self.conn.execute("SELECT clock_offset FROM runledger.settings").fetchone()
-        assert row is not None
-        value: dt.timedelta = row[0]
-        return value
+        return harness.clock_offset(self.conn)
 
     def advance(self, seconds: float) -> dt.timedelta:
-        self.conn.execute(
-            "UPDATE runledger.settings SET clock_offset = clock_offset + %s",
-            (dt.timedelta(seconds=seconds),),
-        )
+        harness.advance_clock(self.conn, seconds)
         return self.offset
 
     def now(self) -> dt.datetime:
-        row = self.conn.execute("SELECT runledger.now()").fetchone()
-        assert row is not None
-        value: dt.datetime = row[0]
-        return value
+        return harness.database_now(self.conn)
 
 
 @pytest.fixture(scope="session")

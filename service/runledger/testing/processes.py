@@ -18,6 +18,8 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
+from runledger.db import harness
+
 if TYPE_CHECKING:
     from runledger.testing.provider import ProviderClient
 
@@ -231,11 +233,8 @@ class WorkerPool:
         by_id = {self.worker_id(i): i for i in range(len(self.procs))}
 
         def current(c: psycopg.Connection[Any]) -> int | None:
-            row = c.execute(
-                "SELECT lease_owner FROM runledger.runs WHERE run_id = %s AND status = 'running'",
-                (run_id,),
-            ).fetchone()
-            i = by_id.get(str(row[0])) if row and row[0] is not None else None
+            owner = harness.running_holder(c, run_id)
+            i = by_id.get(owner) if owner is not None else None
             return i if i is not None and self.alive(i) else None
 
         def find(c: psycopg.Connection[Any]) -> int:

@@ -76,7 +76,7 @@ def _direct_url(settings: Settings) -> str | None:
     try:
         return with_connect_timeout(url, settings.connect_timeout)
     except Exception as exc:  # not a URL: one line, as for the database URL
-        from runledger.db.execution import connect_error
+        from runledger.db.connecting import connect_error
 
         raise connect_error(exc, url, None) from None
 

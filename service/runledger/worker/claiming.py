@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runledger.db.rows import ClaimedJournal
-from runledger.db.store import Store
+from runledger.db.worker_store import WorkerStore
 from runledger.flows import Flow
 from runledger.model import ClaimedRun
 from runledger.worker.metrics import Metrics
@@ -54,7 +54,7 @@ class Claiming:
 
     worker_id: str
     flows: dict[str, Flow]
-    store: Store | None
+    store: WorkerStore | None
     concurrency: int
     lease: dt.timedelta
     lease_seconds: float
@@ -96,7 +96,7 @@ class Claiming:
                 self._claiming = True
                 try:
                     # each run with its journal: nothing more is read after the claim
-                    runs = await self.store.claim_runs_v4(
+                    runs = await self.store.claim_runs(
                         self.worker_id, sorted(self.flows), self.lease, free
                     )
                     self.metrics.claim_took(time.monotonic() - sent)

@@ -11,11 +11,11 @@ tool returned, before ``complete_call`` -- or ``after_complete``), optionally on
 (``load_journal:my-run``), which then must not contain ``:``.
 ``after_decide`` kills when the policy (the model) has answered and nothing of its
 decision is journaled; ``after_record_turn`` right after the decision committed
-(``record_turn_v3``; for the final decision, which otherwise ends the run in the same
+(``record_turn``; for the final decision, which otherwise ends the run in the same
 commit, the worker armed with this point records it first and finishes the run after).
 
 The fast path fuses writes; the points keep their meaning on it. A call's result and
-the next call's dispatch are one commit (``complete_call_v2``): ``before_dispatch`` of
+the next call's dispatch are one commit (``complete_and_dispatch``): ``before_dispatch`` of
 that next call kills before it (the previous call's result is not committed either),
 ``after_complete`` of the previous call and ``after_dispatch`` of the next kill after it.
 Their second part is the turn number (``after_decide:0``: the first decision;

@@ -1,7 +1,7 @@
 """The journaled agent loop for one claimed run: the turns.
 
 1. The policy's decision (a ``Decision`` or a bare list of calls) is recorded
-   (``record_turn_v2``, with the provider-native ``record`` and, for the final decision,
+   (``WorkerStore.record_turn``, with the provider-native ``record`` and, for the final decision,
    its ``output``) before any tool runs, and a recorded turn is replayed, never decided
    again. The history the policy sees carries each turn's record and each call's result
    and provider id; the final decision's output is the run's result.
@@ -10,18 +10,18 @@
    ``dispatch_call`` commits before the tool is invoked, ``complete_call`` commits the
    result and the provider's receipt before the next step. For calls that run one after
    another, the result of one and the dispatch of the next are one commit
-   (``complete_call_v2``); the results of a parallel group that are ready together are
+   (``complete_and_dispatch``); the results of a parallel group that are ready together are
    one commit too (``complete_calls``, group commit in :mod:`runledger.worker.writes`).
 3. A call that settles ``unknown`` pauses the run, and so does a call that awaits a
    person's approval (it is not sent; the other calls of its group run first); once every
    call of the turn is final the turn is due a checkpoint, then the policy decides the
-   next turn. The checkpoint commits with that decision (``record_turn_v4``), so does the
+   next turn. The checkpoint commits with that decision (``record_turn``), so does the
    dispatch of the decision's first call (or first parallel group), and the final
    decision also ends the run: one commit each. A checkpoint still due when the run ends
    otherwise (fails, pauses, is handed back) is written on its own first. The runs given
    up on (crash loop, undecodable JSON) are :mod:`runledger.worker.giving_up`'s.
 
-The journal comes with the claim (``claim_runs_v3``) and is kept in memory for the rest
+The journal comes with the claim (``WorkerStore.claim_runs``) and is kept in memory for the rest
 of the lease (:mod:`runledger.worker.journal`): nothing is read back after a write.
 """
 
@@ -35,7 +35,7 @@ import psycopg
 
 from runledger import errors
 from runledger.db.rows import Journal
-from runledger.db.store import Store
+from runledger.db.worker_store import WorkerStore
 from runledger.flows import (
     Flow,
     HistoryCall,
@@ -67,15 +67,17 @@ from runledger.worker.runs import (
 )
 from runledger.worker.writes import Writes
 
-__all__ = ["ActiveRun", "Draining", "Executor", "Limits", "LocalLeaseExpired", "call_groups"]
+__all__ = ["ActiveRun", "Draining", "Limits", "LocalLeaseExpired", "RunExecutor", "call_groups"]
 
 log = logging.getLogger(__name__)
 
 
-class Executor:
+class RunExecutor:
+    """Drives the claimed runs of one worker: each run's turns, calls and end."""
+
     def __init__(
         self,
-        store: Store,
+        store: WorkerStore,
         flows: dict[str, Flow],
         *,
         worker_id: str,
@@ -159,9 +161,9 @@ class Executor:
     async def _drive(self, active: ActiveRun) -> None:
         c = active.claim
         # Before anything of the run is loaded or decoded: a run that keeps crashing the
-        # worker while loading must still end as crash_loop. claim_runs_v2 carries the
+        # worker while loading must still end as crash_loop. The claim carries the
         # count (and the journal only for a run that made progress since its last claim).
-        assert active.loaded is not None, "every claim comes from claim_runs_v3"
+        assert active.loaded is not None, "every claim comes with its journal"
         stalled = active.loaded.stalled_claims
         active.failover_turn = active.loaded.failover_turn
         if stalled > self.limits.max_stalled_claims:
@@ -210,7 +212,7 @@ class Executor:
         active.journal = journal
         active.state_version = c.state_version
         completed = int((c.state or {}).get("completed_turns", 0))
-        # calls dispatched with their decision (record_turn_v4): key -> (the call as it was
+        # calls dispatched with their decision (record_turn): key -> (the call as it was
         # recorded, planned; its attempt number)
         fused: dict[str, tuple[Call, int]] = {}
         while True:
@@ -273,7 +275,7 @@ class Executor:
                 if request is not None:
                     written = self._finish_and_claim(active, next_turn, decision, request)
                 else:
-                    written = self.store.record_turn_v4(
+                    written = self.store.record_turn(
                         c.run_id,
                         c.lease_id,
                         c.fencing_token,

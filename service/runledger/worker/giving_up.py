@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from runledger import errors
-from runledger.db.store import Store
+from runledger.db.worker_store import WorkerStore
 from runledger.model import Approval, Call, CallStatus, FinishStatus, Outcome
 from runledger.worker import poison
 from runledger.worker.poison import UndecodableRun
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class GivingUp:
-    def __init__(self, store: Store, writes: Writes, *, worker_id: str) -> None:
+    def __init__(self, store: WorkerStore, writes: Writes, *, worker_id: str) -> None:
         self.store = store
         self.writes = writes
         self.worker_id = worker_id

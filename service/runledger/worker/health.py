@@ -19,14 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
-from runledger.db import migrate, observe
+from runledger.db import revisions
+from runledger.db.worker_store import WorkerStore
 from runledger.model import ClaimedRun
 from runledger.worker.metrics import PrometheusMetrics
-
-if TYPE_CHECKING:
-    from runledger.worker.process import Worker
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +34,28 @@ REQUEST_TIMEOUT = 5.0  # seconds to read a request line and its headers
 MAX_HEADER_BYTES = 16_384
 
 
+class Served(Protocol):
+    """What the health server reads of the worker it serves
+    (:class:`runledger.worker.process.Worker`, which starts it)."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def stopping(self) -> asyncio.Event: ...
+    @property
+    def store(self) -> WorkerStore | None: ...
+    @property
+    def flows(self) -> Mapping[str, object]: ...
+    def claims_paused_because(self) -> str | None: ...
+
+
 class HealthServer:
-    def __init__(self, worker: Worker, metrics: PrometheusMetrics, host: str, port: int) -> None:
+    def __init__(self, worker: Served, metrics: PrometheusMetrics, host: str, port: int) -> None:
         self.worker = worker
         self.metrics = metrics
         self.host = host
         self.port = port
-        self.head = migrate.head()
+        self.head = revisions.head()
         self._server: asyncio.Server | None = None
         metrics.read_holder = self._holder
         metrics.coalescers = lambda: () if worker.store is None else worker.store.coalescers
@@ -50,8 +64,7 @@ class HealthServer:
         store = self.worker.store
         if store is None:
             return None
-        async with store.pool.connection() as conn:
-            return await observe.takeover_holder(conn, run.run_id, run.fencing_token)
+        return await store.registry.takeover_holder(run.run_id, run.fencing_token)
 
     @property
     def bound_port(self) -> int:
@@ -137,8 +150,7 @@ class HealthServer:
             return paused
         try:
             async with asyncio.timeout(READY_TIMEOUT):
-                async with w.store.pool.connection() as conn:
-                    revision = await observe.schema_revision(conn)
+                revision = await w.store.registry.schema_revision()
         except TimeoutError:
             return f"the database did not answer within {READY_TIMEOUT:g} s"
         except Exception as exc:
@@ -153,10 +165,9 @@ class HealthServer:
         if w.store is not None:
             try:
                 async with asyncio.timeout(READY_TIMEOUT):
-                    async with w.store.pool.connection() as conn:
-                        self.metrics.set_queue_depth(
-                            await observe.queue_depth(conn, sorted(w.flows))
-                        )
+                    self.metrics.set_queue_depth(
+                        await w.store.registry.queue_depth(sorted(w.flows))
+                    )
             except Exception as exc:  # the counters are still worth serving
                 log.warning(
                     "queue depth not read: %r",

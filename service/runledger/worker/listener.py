@@ -50,12 +50,13 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from runledger.db.pooler import Reach, backend, local_port
-from runledger.db.store import Store
+from runledger.db.registry import RUNS_CHANNEL
+from runledger.db.worker_store import WorkerStore
 from runledger.worker.liveness import process_identity
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "runledger_runs"
+CHANNEL = RUNS_CHANNEL
 
 HEARTBEAT = 0.5  # s between two heartbeats on the listener (also the takeover wake-up)
 BUDGET = 5.0  # s: no heartbeat answered within this since it was sent -> fence every run
@@ -134,22 +135,17 @@ THROUGH_POOLER = {
 }
 
 
-async def _set_server_timeouts(conn: psycopg.AsyncConnection[Any]) -> None:
+async def _set_server_timeouts(store: WorkerStore, conn: psycopg.AsyncConnection[Any]) -> None:
     """This session's server-side keepalives and (PostgreSQL 12+) ``tcp_user_timeout``."""
     settings = list(SERVER_TCP)
     if conn.info.server_version >= 120000:
         settings.append(("tcp_user_timeout", SERVER_USER_TIMEOUT_MS))
-    names = [n for n, _ in settings]
-    values = [v for _, v in settings]
-    await conn.execute(
-        "SELECT set_config(n, v, false) FROM unnest(%s::text[], %s::text[]) AS u(n, v)",
-        (names, values),
-    )
+    await store.registry.set_session(conn, settings)
 
 
 async def open_session(
     url: str,
-    store: Store,
+    store: WorkerStore,
     *,
     worker_id: str,
     hostname: str,
@@ -184,7 +180,7 @@ async def open_session(
         untrusted: str | None = THROUGH_POOLER.get(through)
         if untrusted is None:
             if session_locks:
-                await _set_server_timeouts(conn)
+                await _set_server_timeouts(store, conn)
             untrusted = await untrusted_because(conn)
         own = untrusted is None
         if own and not session_locks:
@@ -192,7 +188,7 @@ async def open_session(
         process = process_identity(pid)  # for a peer on this host to tell it gone
         registered_at = time.monotonic()
         register = functools.partial(
-            store.register_worker_v2_on,
+            store.registry.register_worker,
             conn,
             worker_id,
             hostname,
@@ -214,7 +210,7 @@ async def open_session(
                 key, answered = await register(session_lock=False, session=False)
         vouched_at = time.monotonic()
         if not pooled:
-            await conn.execute(f"LISTEN {CHANNEL}")
+            await store.registry.listen(conn)
     except BaseException:
         await conn.close()
         raise
@@ -230,10 +226,10 @@ async def open_session(
     )
 
 
-async def heartbeat(session: ListenerSession, store: Store, worker_id: str) -> bool:
+async def heartbeat(session: ListenerSession, store: WorkerStore, worker_id: str) -> bool:
     """One heartbeat: whether a run of this worker's flows waits, held by a session that
     ended; :class:`ListenerMoved` if another backend answered a session of its own."""
-    answered, due = await store.heartbeat_listener_on(session.conn, worker_id)
+    answered, due = await store.registry.heartbeat_listener(session.conn, worker_id)
     if session.own and answered != session.backend_pid:
         raise ListenerMoved(
             f"heartbeat answered by backend {answered}, registered on {session.backend_pid}"

@@ -20,7 +20,7 @@ import psycopg
 
 from runledger import errors
 from runledger.db.reads import Registration
-from runledger.db.store import Store
+from runledger.db.worker_store import WorkerStore
 from runledger.flows import Flow
 from runledger.worker import listener
 from runledger.worker.listener import ListenerSession
@@ -32,7 +32,6 @@ log = logging.getLogger("runledger.worker.process")
 # what a helper task survives and retries: the database refused, went away or was slow
 EXPECTED = (errors.RunLedgerError, psycopg.Error, OSError, TimeoutError)
 
-WORKER_CONFLICT = "RL008"  # runledger.errors.WorkerConflict
 # how long a refused registration is retried: the backend of a predecessor that was just
 # SIGKILLed with this id may take a moment to notice and exit
 REGISTER_PATIENCE = 5.0
@@ -44,9 +43,9 @@ SILENT_PATIENCE = 120.0
 
 
 def is_worker_conflict(exc: BaseException) -> bool:
-    """The database refused the registration: another live session holds the worker id.
-    (``WorkerConflict`` once mapped by the store; the driver's error until then.)"""
-    return getattr(exc, "sqlstate", None) == WORKER_CONFLICT
+    """The database refused the registration: another live session holds the worker id
+    (the store maps the refusal: runledger.db.sqlstate)."""
+    return isinstance(exc, errors.WorkerConflict)
 
 
 def conflict_message(worker_id: str, exc: BaseException) -> str:
@@ -78,7 +77,7 @@ class Listening:
     margin: float
     flows: dict[str, Flow]
     session_locks: bool
-    store: Store | None
+    store: WorkerStore | None
     wake: asyncio.Event
     active: dict[str, ActiveRun]
 
@@ -138,13 +137,13 @@ class Listening:
             )
 
     async def _open_listener(
-        self, store: Store, gone_process: str | None = None
+        self, store: WorkerStore, gone_process: str | None = None
     ) -> ListenerSession:
         """A new listener session: registered on (the registration is this session's,
         with a session lock where it is trusted, or held by heartbeats through a pooler)
         and listening (except through a pooler in transaction mode)."""
         opened: list[int] = []
-        through = "direct" if self.direct_url else store.reach
+        through = "direct" if self.direct_url else store.executor.reach
         try:
             session = await listener.open_session(
                 self.direct_url or self.database_url,
@@ -182,21 +181,21 @@ class Listening:
             )
         return session
 
-    def _pooler_advice(self, store: Store, session: ListenerSession) -> str:
+    def _pooler_advice(self, store: WorkerStore, session: ListenerSession) -> str:
         """What the one line about a pooler adds: how it was found, what to set."""
         if self.direct_url or session.own:
             return ""
         said = ""
-        if store.reach_why:  # found out when connecting, not said by RUNLEDGER_POOLER
-            said = f"; found out when connecting: {store.reach_why}"
-            if store.reach == "transaction":
+        if store.executor.reach_why:  # found out when connecting, not said by RUNLEDGER_POOLER
+            said = f"; found out when connecting: {store.executor.reach_why}"
+            if store.executor.reach == "transaction":
                 said += "; say so with RUNLEDGER_POOLER=transaction"
         return (
             f"{said}; set RUNLEDGER_DIRECT_URL to a URL past the pooler for a takeover at once"
             + ("" if session.listening else " and notifications")
         )
 
-    async def _register(self, store: Store) -> ListenerSession:
+    async def _register(self, store: WorkerStore) -> ListenerSession:
         """Open the listener and register on it; a refused worker id is retried for up to
         ``REGISTER_PATIENCE`` s (a predecessor's backend may still be exiting), then
         raised.
@@ -291,11 +290,11 @@ class Listening:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def _registration(self, store: Store) -> Registration | None:
+    async def _registration(self, store: WorkerStore) -> Registration | None:
         """Who holds this worker id, or None when it could not be read (the refusal then
         stands as another worker's)."""
         try:
-            return await store.worker_registration(self.worker_id)
+            return await store.registry.worker_registration(self.worker_id)
         except EXPECTED as exc:
             log.warning(
                 "could not read who holds this worker id: %r",

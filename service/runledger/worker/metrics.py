@@ -67,7 +67,7 @@ class PrometheusMetrics(Metrics):
             import prometheus_client as p
         except ImportError:
             raise ConfigurationError(INSTALL_HINT) from None
-        # why a taken-over run could be taken: claim_runs_v3 does not say, its takeover
+        # why a taken-over run could be taken: the claim does not say, its takeover
         # event does (set by the health server: one read per takeover, off the run's path)
         self.read_holder: Callable[[ClaimedRun], Awaitable[str | None]] | None = None
         self._reading: set[asyncio.Task[None]] = set()

@@ -46,17 +46,16 @@ import psycopg
 
 from runledger import errors
 from runledger.config import default
-from runledger.db.store import Store
+from runledger.db.worker_store import WorkerStore
 from runledger.flows import Flow
 from runledger.worker import listener
 from runledger.worker.claiming import Claiming
 from runledger.worker.crash import CrashPoints
-from runledger.worker.executor import ActiveRun, Executor, Limits
+from runledger.worker.executor import ActiveRun, Limits, RunExecutor
 from runledger.worker.listener import ListenerSession
 from runledger.worker.listening import (
     EXPECTED,
     REGISTER_PATIENCE,
-    WORKER_CONFLICT,
     Listening,
     WorkerIdTaken,
     conflict_message,
@@ -76,7 +75,6 @@ __all__ = [
     "CHANNEL",
     "EXPECTED",
     "REGISTER_PATIENCE",
-    "WORKER_CONFLICT",
     "Worker",
     "WorkerFailed",
     "WorkerIdTaken",
@@ -150,8 +148,8 @@ class Worker(Listening, Claiming):
         self.stopping = asyncio.Event()
         self.wake = asyncio.Event()
         self._signals = 0
-        self.store: Store | None = None
-        self.executor: Executor
+        self.store: WorkerStore | None = None
+        self.executor: RunExecutor
         self.http_port = http_port
         self.http_host = http_host
         # counters only when served (--http-port): else every event is a no-op call
@@ -190,7 +188,7 @@ class Worker(Listening, Claiming):
                 max_workers=self.concurrency + 4, thread_name_prefix="runledger-tool"
             )
         )
-        store = await Store.connect(
+        store = await WorkerStore.connect(
             self.database_url,
             min_size=1,
             # the runs' pinned connections; the helpers' (claimer, keeper, checkpointer,
@@ -231,10 +229,10 @@ class Worker(Listening, Claiming):
                 # uvloop or asyncio (--event-loop)
                 "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
                 # what the database URL reaches: direct, session or transaction (pooler)
-                "database": store.reach,
+                "database": store.executor.reach,
             },
         )
-        executor = self.executor = Executor(
+        executor = self.executor = RunExecutor(
             store,
             self.flows,
             worker_id=self.worker_id,
@@ -254,7 +252,7 @@ class Worker(Listening, Claiming):
             taken = failure is not None and isinstance(failure.error, WorkerIdTaken)
             if not taken:  # the row is the other worker's now: leave it alone
                 with contextlib.suppress(Exception):
-                    await store.heartbeat_worker(
+                    await store.registry.heartbeat_worker(
                         self.worker_id, stopped=True, incarnation=self.incarnation
                     )
             # closing the listener frees its session lock, and a run left with a tool
@@ -286,7 +284,9 @@ class Worker(Listening, Claiming):
             ) from None
         return health
 
-    async def _supervise(self, executor: Executor, listen: ListenerSession) -> WorkerFailed | None:
+    async def _supervise(
+        self, executor: RunExecutor, listen: ListenerSession
+    ) -> WorkerFailed | None:
         """Claim and drain with the helpers in one task group. A helper that dies takes
         the claimer down with it; returns that failure (None after a normal stop)."""
         failure: WorkerFailed | None = None
@@ -424,7 +424,9 @@ class Worker(Listening, Claiming):
                 beat = time.monotonic()
                 async with asyncio.timeout(interval):
                     # refused once another process took the id (it was silent too long)
-                    await self.store.heartbeat_worker(self.worker_id, incarnation=self.incarnation)
+                    await self.store.registry.heartbeat_worker(
+                        self.worker_id, incarnation=self.incarnation
+                    )
                 self._vouched(beat)
             except errors.WorkerConflict as exc:
                 raise WorkerIdTaken(conflict_message(self.worker_id, exc)) from exc
@@ -443,7 +445,7 @@ class Worker(Listening, Claiming):
                 # a backlog's checkpoint (500,000 events at most) takes seconds; a timeout
                 # scope, not wait_for, as in _keeper: a cancellation is never swallowed
                 async with asyncio.timeout(6 * CHECKPOINT_EVERY):
-                    made = await self.store.checkpoint_events(self.worker_id, every)
+                    made = await self.store.registry.checkpoint_events(self.worker_id, every)
             except EXPECTED:
                 log.warning(
                     "event checkpoint failed", exc_info=True, extra={"worker_id": self.worker_id}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runledger import errors
-from runledger.db.store import Store
+from runledger.db.worker_store import WorkerStore
 from runledger.model import Call, FinishStatus, Outcome
 from runledger.worker import tracing
 from runledger.worker.metrics import Metrics
@@ -49,7 +49,9 @@ class _Queued:
 
 
 class Writes:
-    def __init__(self, store: Store, *, worker_id: str, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, store: WorkerStore, *, worker_id: str, metrics: Metrics | None = None
+    ) -> None:
         self.store = store
         self.worker_id = worker_id
         self.metrics = metrics or Metrics()
@@ -165,8 +167,8 @@ class Writes:
         next_call: Call | None = None,
     ) -> int | None:
         """``complete_call``; with ``next_call`` (a planned call that runs next) also its
-        dispatch, in the same transaction (``complete_call_v2``): then the next call's
-        attempt number. Without one, the result is group-committed with the other
+        dispatch, in the same transaction (``complete_and_dispatch``): then the next
+        call's attempt number. Without one, the result is group-committed with the other
         results of the run that are ready (:meth:`_group_commit`)."""
         c = active.claim
         args = (c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, outcome, result)
@@ -178,7 +180,7 @@ class Writes:
                 active,
                 "complete_call",
                 dispatches=(next_call.idempotency_key,),
-                coro=self.store.complete_call_v2(
+                coro=self.store.complete_and_dispatch(
                     *args,
                     receipt,
                     next_key=next_call.idempotency_key,

@@ -1,0 +1,108 @@
+"""The reads of ``runledger doctor`` (:mod:`runledger.doctor`), each one statement on one
+read-only connection: the server, the schema's revision, replication, the timelines seen,
+the roles, the default isolation, the database's clock. Nothing is written."""
+
+from __future__ import annotations
+
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg.rows import dict_row
+
+from runledger.config import connection_settings
+from runledger.db.pooler import read_only_session
+
+Row = dict[str, Any]
+Conn = psycopg.Connection[Row]
+
+
+def doctor_connection(database_url: str, connect_timeout: float) -> Conn:
+    """An autocommit connection (the driver's error if there is none)."""
+    return psycopg.connect(
+        database_url,
+        autocommit=True,
+        row_factory=dict_row,
+        connect_timeout=max(2, int(connect_timeout + 0.999)),
+        application_name="runledger-doctor",
+    )
+
+
+def read_only(conn: Conn, database_url: str) -> None:
+    """Make ``conn``'s session read-only, except on a transaction pooler's (it would stay
+    read-only for the pooler's next client there: a worker)."""
+    read_only_session(conn, database_url, connection_settings().pooler)
+
+
+def _one(conn: Conn, sql: LiteralString, params: tuple[Any, ...] = ()) -> Row:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return row
+
+
+def server_facts(conn: Conn) -> Row:
+    """``version``, ``num`` (server_version_num), ``standby``, ``host``, ``port``."""
+    return _one(
+        conn,
+        "SELECT current_setting('server_version') AS version, "
+        "current_setting('server_version_num')::int AS num, pg_is_in_recovery() AS standby, "
+        "inet_server_addr()::text AS host, inet_server_port() AS port",
+    )
+
+
+def schema_revision(conn: Conn) -> tuple[bool, str | None]:
+    """Whether the schema has its revision table, and the revision in it."""
+    row = _one(conn, "SELECT to_regclass('runledger.alembic_version') IS NOT NULL AS present")
+    if not row["present"]:
+        return False, None
+    found = conn.execute("SELECT version_num FROM runledger.alembic_version").fetchone()
+    return True, (found["version_num"] if found else None)
+
+
+def replication_facts(conn: Conn) -> tuple[Row, list[Row]]:
+    """``synchronous_standby_names`` (``names``) and ``synchronous_commit`` (``commit``),
+    and the streaming standbys with their sync state."""
+    settings = _one(
+        conn,
+        "SELECT current_setting('synchronous_standby_names') AS names, "
+        "current_setting('synchronous_commit') AS commit",
+    )
+    standbys = conn.execute(
+        "SELECT application_name, client_addr::text AS client_addr, state, sync_state "
+        "FROM pg_stat_replication ORDER BY application_name, client_addr"
+    ).fetchall()
+    return settings, standbys
+
+
+def timeline_facts(conn: Conn) -> tuple[list[Row], int]:
+    """The timelines runledger has seen, in order, and the server's timeline now."""
+    rows = conn.execute(
+        "SELECT position, timeline, previous_timeline, seen_at, affected_runs "
+        "FROM runledger.timelines ORDER BY position"
+    ).fetchall()
+    now = _one(
+        conn,
+        "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int "
+        "AS timeline",
+    )["timeline"]
+    return rows, int(now)
+
+
+def present_roles(conn: Conn, roles: tuple[str, ...]) -> list[str]:
+    """Those of ``roles`` that exist, sorted."""
+    rows = conn.execute(
+        "SELECT rolname FROM pg_roles WHERE rolname = ANY (%s)", (list(roles),)
+    ).fetchall()
+    return sorted(r["rolname"] for r in rows)
+
+
+def default_isolation(conn: Conn) -> str:
+    """This login's ``default_transaction_isolation``."""
+    level: str = _one(conn, "SELECT current_setting('default_transaction_isolation') AS level")[
+        "level"
+    ]
+    return level
+
+
+def database_clock(conn: Conn) -> float:
+    """The database's ``clock_timestamp()``, seconds since the epoch."""
+    return float(_one(conn, "SELECT extract(epoch FROM clock_timestamp())::float8 AS at")["at"])
