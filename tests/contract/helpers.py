@@ -30,7 +30,7 @@ Row = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """What claim_runs handed to one worker for one run."""
+    """What claim_runs_v4 handed to one worker for one run."""
 
     run_id: str
     lease_id: uuid.UUID
@@ -199,7 +199,7 @@ def claim(
 ) -> list[Lease]:
     found = rows(
         conn,
-        "SELECT * FROM runledger.claim_runs(%s, %s::text[], %s, %s)",
+        "SELECT * FROM runledger.claim_runs_v4(%s, %s::text[], %s, %s)",
         (worker_id, list(flows), dt.timedelta(seconds=lease_seconds), max_runs),
     )
     return [
@@ -249,10 +249,8 @@ def key(run_id: str, turn: int, call_id: str) -> str:
 
 
 def record_turn(conn: Conn, lease: Lease, turn: int, calls: Any) -> None:
-    conn.execute(
-        "SELECT runledger.record_turn(%s, %s, %s, %s, %s)",
-        (lease.run_id, lease.lease_id, lease.token, turn, Jsonb(calls)),
-    )
+    """A decision alone: no record, output, checkpoint, finish or dispatch."""
+    record_v2(conn, lease, turn, calls)
 
 
 def dispatch(conn: Conn, lease: Lease, idempotency_key: str) -> int:
@@ -395,8 +393,10 @@ def paused_on_unknown(conn: Conn, lease: Lease, call_ids: Sequence[str] = ("c1",
 def record_v2(
     conn: Conn, lease: Lease, turn: int, calls: Any, record: Any = None, output: Any = None
 ) -> None:
+    """A decision with the model's record and output (record_turn_v4 without its
+    checkpoint, finish or dispatch)."""
     conn.execute(
-        "SELECT runledger.record_turn_v2(%s, %s, %s, %s, %s, %s, %s)",
+        "SELECT runledger.record_turn_v4(%s, %s, %s, %s, %s, %s, %s, NULL, NULL, false, NULL)",
         (
             lease.run_id,
             lease.lease_id,
