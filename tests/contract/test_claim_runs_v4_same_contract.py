@@ -1,12 +1,19 @@
-"""claim_runs_v4 of revision 0020 (claim_runs' body with the per-run read in the claim
+"""claim_runs_v4 (since revision 0020 claim_runs' body with the per-run read in the claim
 statement) against the body it replaced (0018's, a loop over claim_runs with a read per
-run, kept in the revision's downgrade): from the same queue, the same runs claimed with
-the same columns, the same rows and events written, or the same refusal."""
+run): from the same queue, the same runs claimed with the same columns, the same rows and
+events written, or the same refusal.
+
+The reference is vendored in reference/claim_runs_v4_0018.sql, installed as
+claim_runs_v4_0018: claim_runs_v4's body as revision 0020's downgrade restored it (commit
+4b19f01, migrations/versions/0020_hot_turn_claim.down.sql, gone since the baseline "0.1"),
+its loop calling claim_runs_v1_ref, the claim_runs (v1, retired) it looped over when this
+test last ran against it (commit 4b19f01, service/runledger/db/sql/03_leases.sql)."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,7 +22,6 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from runledger.testing import DbClock
-from tests.migrations.helpers import MIGRATIONS
 
 from .helpers import (
     FLOW_REF,
@@ -37,11 +43,11 @@ TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 RANDOM = ("lease_id", "lease_expires_at")
 
 
+REFERENCE = Path(__file__).parent / "reference" / f"{OLD}.sql"
+
+
 def _install_old(admin: Conn) -> None:
-    text = (MIGRATIONS / "versions" / "0020_hot_turn_claim.down.sql").read_text(encoding="utf-8")
-    start = text.index("CREATE OR REPLACE FUNCTION runledger.claim_runs_v4(")
-    end = text.index("\n$$;\n", start) + len("\n$$;\n")
-    admin.execute(text[start:end].replace("runledger.claim_runs_v4(", f"runledger.{OLD}(", 1))
+    admin.execute(REFERENCE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
 
 
 def _outcome(conn: Conn, fn: str, args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -1,11 +1,20 @@
-"""The fast path of revision 0008, called as a live or a stale worker would:
-claim_runs_v2 (the journal with the claim), record_turn_v3 (decision + checkpoint +
-finish in one transaction) and complete_call_v2 (a result and the next dispatch in one)."""
+"""The fast path of revision 0008, called as a live or a stale worker would: the journal
+with the claim, decision + checkpoint + finish in one transaction, and complete_call_v2 (a
+result and the next dispatch in one).
+
+Until the baseline "0.1" the first two were claim_runs_v2 and record_turn_v3; they are
+retired, and the tests call their live successors with the same meaning: claim_runs_v4
+(the same columns and more) and record_turn_v4 (the same arguments, and no calls to
+dispatch). Where a test compared record_turn_v3 with its slow twin record_turn_v2 (retired
+too), it compares record_turn_v4 with record_turn_v2's body, vendored as a reference in
+reference/record_turn_v2.sql (commit 4b19f01, service/runledger/db/sql/04_journal.sql)
+and installed as record_turn_v2_ref."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -40,10 +49,33 @@ from .helpers import (
 Conn = psycopg.Connection[Any]
 
 
-def claim_v2(conn: Conn, worker_id: str = "w1", max_runs: int = 10) -> list[dict[str, Any]]:
+REFERENCE = Path(__file__).parent / "reference" / "record_turn_v2.sql"
+
+
+def install_reference(admin: Conn) -> None:
+    """record_turn_v2's body (retired) as runledger.record_turn_v2_ref."""
+    admin.execute(REFERENCE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+
+
+def ref_v2(conn: Conn, lease: Lease, turn: int, calls: Any, record: Any = None) -> None:
+    """The decision through the reference: record_turn_v2 as it was."""
+    conn.execute(
+        "SELECT runledger.record_turn_v2_ref(%s, %s, %s, %s, %s, %s, NULL)",
+        (
+            lease.run_id,
+            lease.lease_id,
+            lease.token,
+            turn,
+            Jsonb(calls),
+            None if record is None else Jsonb(record),
+        ),
+    )
+
+
+def claim_v4(conn: Conn, worker_id: str = "w1", max_runs: int = 10) -> list[dict[str, Any]]:
     return rows(
         conn,
-        "SELECT * FROM runledger.claim_runs_v2(%s, %s::text[], %s, %s)",
+        "SELECT * FROM runledger.claim_runs_v4(%s, %s::text[], %s, %s)",
         (worker_id, [FLOW_REF], dt.timedelta(seconds=LEASE_SECONDS), max_runs),
     )
 
@@ -60,7 +92,7 @@ def lease_of(r: dict[str, Any], worker_id: str = "w1") -> Lease:
     )
 
 
-def v3(
+def v4(
     conn: Conn,
     lease: Lease,
     turn: int,
@@ -72,10 +104,13 @@ def v3(
     state: Any = None,
     finish: bool | None = False,
 ) -> int:
+    """record_turn_v4 without calls to dispatch (what record_turn_v3 took): the state
+    version it leaves."""
     return int(
         scalar(
             conn,
-            "SELECT runledger.record_turn_v3(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "SELECT d.state_version FROM runledger.record_turn_v4(%s, %s, %s, %s, %s, %s, %s,"
+            " %s, %s, %s, NULL) AS d",
             (
                 lease.run_id,
                 lease.lease_id,
@@ -120,10 +155,10 @@ def kinds(conn: Conn, run_id: str) -> list[str]:
     return [e["kind"] for e in events(conn, run_id)]
 
 
-# -- claim_runs_v2 -------------------------------------------------------------------------
+# -- claim_runs_v4 -------------------------------------------------------------------------
 
 
-def test_claim_v2_returns_the_journal_as_load_journal_reads_it(
+def test_claim_v4_returns_the_journal_as_load_journal_reads_it(
     worker: Conn, admin_conn: Conn, db_clock: DbClock
 ) -> None:
     lease = submit_and_claim(worker)
@@ -133,7 +168,7 @@ def test_claim_v2_returns_the_journal_as_load_journal_reads_it(
     submit(worker, "fresh")
     db_clock.advance(LEASE_SECONDS + 1)
 
-    got = {r["run_id"]: r for r in claim_v2(worker, "w2")}
+    got = {r["run_id"]: r for r in claim_v4(worker, "w2")}
     assert set(got) == {"r1", "fresh"}
     taken = got["r1"]
     assert (taken["takeover"], taken["fencing_token"], taken["stalled_claims"]) == (True, 2, 1)
@@ -170,26 +205,26 @@ def test_a_run_claimed_again_without_progress_comes_without_its_journal(
     worker: Conn, db_clock: DbClock
 ) -> None:
     submit(worker, "r1")
-    [first] = claim_v2(worker)
+    [first] = claim_v4(worker)
     assert (first["stalled_claims"], first["turns"], first["calls"]) == (1, [], [])
     db_clock.advance(LEASE_SECONDS + 1)
-    [again] = claim_v2(worker, "w2")
+    [again] = claim_v4(worker, "w2")
     # stalled: the worker checks for a crash loop before it loads (and decodes) anything
     assert (again["stalled_claims"], again["turns"], again["calls"]) == (2, None, None)
 
 
-def test_claim_v2_refuses_as_claim_runs_and_the_old_claim_still_works(
+def test_claim_v4_refuses_as_claim_runs_did_and_claims_after(
     worker: Conn, admin_conn: Conn
 ) -> None:
     submit(worker, "r1")
     with refused(admin_conn, "RL006"):
-        rows(worker, "SELECT * FROM runledger.claim_runs_v2('w1', ARRAY['demo'], '30 s', 1)")
+        rows(worker, "SELECT * FROM runledger.claim_runs_v4('w1', ARRAY['demo'], '30 s', 1)")
     with refused(admin_conn, "RL006"):
-        rows(worker, "SELECT * FROM runledger.claim_runs_v2('w1', ARRAY['demo@1'], '2 days', 1)")
+        rows(worker, "SELECT * FROM runledger.claim_runs_v4('w1', ARRAY['demo@1'], '2 days', 1)")
     assert [c.run_id for c in claim(worker)] == ["r1"]
 
 
-# -- record_turn_v3: the checks of record_turn_v2 ------------------------------------------
+# -- record_turn_v4: the checks of record_turn_v2 ------------------------------------------
 
 BAD_CALLS: list[Any] = [
     {"calls": "x"},
@@ -220,15 +255,16 @@ def _refusal(conn: Conn, admin: Conn, fn: Any) -> tuple[str | None, str | None, 
 
 
 @pytest.mark.parametrize("calls", BAD_CALLS, ids=[str(i) for i in range(len(BAD_CALLS))])
-def test_v3_refuses_a_bad_decision_exactly_as_v2(
+def test_v4_refuses_a_bad_decision_exactly_as_v2(
     worker: Conn, admin_conn: Conn, calls: Any
 ) -> None:
+    install_reference(admin_conn)
     a = submit_and_claim(worker, "a")
     b = submit_and_claim(worker, "b")
-    by_v2 = _refusal(worker, admin_conn, lambda: record_v2(worker, a, 0, calls, None))
-    by_v3 = _refusal(worker, admin_conn, lambda: v3(worker, b, 0, calls))
-    assert by_v3[0] == by_v2[0] == "RL006"
-    assert by_v3[1:] == (by_v2[1].replace("run a", "run b") if by_v2[1] else None, by_v2[2])
+    by_v2 = _refusal(worker, admin_conn, lambda: ref_v2(worker, a, 0, calls, None))
+    by_v4 = _refusal(worker, admin_conn, lambda: v4(worker, b, 0, calls))
+    assert by_v4[0] == by_v2[0] == "RL006"
+    assert by_v4[1:] == (by_v2[1].replace("run a", "run b") if by_v2[1] else None, by_v2[2])
 
 
 @pytest.mark.parametrize(
@@ -241,40 +277,41 @@ def test_v3_refuses_a_bad_decision_exactly_as_v2(
         ({"record": "text"}, "record must be a JSON object"),
     ],
 )
-def test_v3_refuses_its_own_arguments(
+def test_v4_refuses_its_own_arguments(
     worker: Conn, admin_conn: Conn, args: dict[str, Any], message: str
 ) -> None:
     lease = submit_and_claim(worker)
     calls = args.pop("calls", [])
     with refused(admin_conn, "RL006") as info:
-        v3(worker, lease, 0, calls, **args)
+        v4(worker, lease, 0, calls, **args)
     assert message in (info.value.diag.message_primary or "")
 
 
-def test_v3_checks_the_lease_first_and_turn_order_and_open_calls(
+def test_v4_checks_the_lease_first_and_turn_order_and_open_calls(
     worker: Conn, admin_conn: Conn, db_clock: DbClock
 ) -> None:
     lease = submit_and_claim(worker)
     stale = dataclasses.replace(lease, token=lease.token + 5)
     with refused(admin_conn, "RL001"):
-        v3(worker, stale, 0, "not even an array", finish=None)
+        v4(worker, stale, 0, "not even an array", finish=None)
     with refused(admin_conn, "RL004"):
-        v3(worker, lease, 1, [call("c1")])  # turn 0 comes first
-    v3(worker, lease, 0, [call("c1")])
+        v4(worker, lease, 1, [call("c1")])  # turn 0 comes first
+    v4(worker, lease, 0, [call("c1")])
     with refused(admin_conn, "RL004") as info:
-        v3(worker, lease, 1, [call("c2")])  # c1 is planned
+        v4(worker, lease, 1, [call("c2")])  # c1 is planned
     assert "without a final result" in (info.value.diag.message_primary or "")
     with refused(admin_conn, "RL004"):
-        v3(worker, lease, 0, [call("c9")])  # another decision for turn 0
+        v4(worker, lease, 0, [call("c9")])  # another decision for turn 0
     db_clock.advance(LEASE_SECONDS + 1)
     with refused(admin_conn, "RL001"):
-        v3(worker, lease, 0, [call("c1")])
+        v4(worker, lease, 0, [call("c1")])
 
 
-# -- record_turn_v3: what it writes --------------------------------------------------------
+# -- record_turn_v4: what it writes --------------------------------------------------------
 
 
-def test_v3_stores_the_calls_as_v2_does(worker: Conn, admin_conn: Conn) -> None:
+def test_v4_stores_the_calls_as_v2_does(worker: Conn, admin_conn: Conn) -> None:
+    install_reference(admin_conn)
     calls = [
         {"call_id": "a", "tool": "t"},
         {**call("b", x=[1, {"y": None}]), "provider_id": "p-1", "approval": True},
@@ -282,8 +319,8 @@ def test_v3_stores_the_calls_as_v2_does(worker: Conn, admin_conn: Conn) -> None:
     ]
     a = submit_and_claim(worker, "a")
     b = submit_and_claim(worker, "b")
-    record_v2(worker, a, 0, calls, {"m": 1})
-    assert v3(worker, b, 0, calls, record={"m": 1}) == 0
+    ref_v2(worker, a, 0, calls, {"m": 1})
+    assert v4(worker, b, 0, calls, record={"m": 1}) == 0
     cols = "call_id, position, tool, args, status, attempts, provider_id, approval"
 
     def stored(run_id: str) -> list[dict[str, Any]]:
@@ -304,15 +341,15 @@ def test_v3_stores_the_calls_as_v2_does(worker: Conn, admin_conn: Conn) -> None:
     }
     assert kinds(admin_conn, "b") == ["submitted", "claimed", "turn_recorded"]
     assert run_row(admin_conn, "b")["state_version"] == 0  # no state: no checkpoint
-    assert v3(worker, b, 0, calls, record={"m": 1}) == 0  # the same decision: a no-op
+    assert v4(worker, b, 0, calls, record={"m": 1}) == 0  # the same decision: a no-op
     assert kinds(admin_conn, "b") == ["submitted", "claimed", "turn_recorded"]
 
 
-def test_v3_checkpoints_with_the_turn_compare_and_set(worker: Conn, admin_conn: Conn) -> None:
+def test_v4_checkpoints_with_the_turn_compare_and_set(worker: Conn, admin_conn: Conn) -> None:
     lease = submit_and_claim(worker)
     with refused(admin_conn, "RL002"):
-        v3(worker, lease, 0, [call("c1")], expected=3, state={"completed_turns": 0})
-    assert v3(worker, lease, 0, [call("c1")], expected=0, state={"completed_turns": 0}) == 1
+        v4(worker, lease, 0, [call("c1")], expected=3, state={"completed_turns": 0})
+    assert v4(worker, lease, 0, [call("c1")], expected=0, state={"completed_turns": 0}) == 1
     run = run_row(admin_conn, "r1")
     assert (run["state"], run["state_version"], run["stalled_claims"], run["status"]) == (
         {"completed_turns": 0},
@@ -336,10 +373,10 @@ def test_the_final_decision_finishes_the_run(
     worker: Conn, admin_conn: Conn, output: Any, result: Any
 ) -> None:
     lease = submit_and_claim(worker)
-    v3(worker, lease, 0, [call("c1")])
+    v4(worker, lease, 0, [call("c1")])
     dispatch(worker, lease, key("r1", 0, "c1"))
     complete(worker, lease, key("r1", 0, "c1"), "succeeded", {"ok": 1})
-    assert v3(worker, lease, 1, [], output=output, expected=0, state={"done": 1}, finish=True) == 1
+    assert v4(worker, lease, 1, [], output=output, expected=0, state={"done": 1}, finish=True) == 1
     run = run_row(admin_conn, "r1")
     assert (run["status"], run["result"], run["state"], run["state_version"]) == (
         "succeeded",
@@ -355,7 +392,7 @@ def test_the_final_decision_finishes_the_run(
     turn = one(admin_conn, "SELECT calls, output FROM runledger.run_turns WHERE turn = 1")
     assert turn == {"calls": [], "output": output}
     with sqlstate("RL001"):  # the lease ended with the run
-        v3(worker, lease, 1, [], output=output, finish=True)
+        v4(worker, lease, 1, [], output=output, finish=True)
 
 
 # -- complete_call_v2 ----------------------------------------------------------------------
@@ -364,7 +401,7 @@ def test_the_final_decision_finishes_the_run(
 def two_calls(worker: Conn, run_id: str = "r1", approval: bool = False) -> tuple[Lease, str, str]:
     lease = submit_and_claim(worker, run_id)
     second = {**call("c2"), "approval": True} if approval else call("c2")
-    v3(worker, lease, 0, [call("c1"), second])
+    v4(worker, lease, 0, [call("c1"), second])
     first = key(run_id, 0, "c1")
     dispatch(worker, lease, first)
     return lease, first, key(run_id, 0, "c2")

@@ -1,6 +1,11 @@
-"""record_turn_v4's body of revision 0020 against the body it replaced (0018's, kept in
-the revision's downgrade): for each decision, good or refused, the same result, the same
-rows and events, or the same refusal (SQLSTATE, message, detail, hint).
+"""record_turn_v4's body (since revision 0020) against the body it replaced (0018's): for
+each decision, good or refused, the same result, the same rows and events, or the same
+refusal (SQLSTATE, message, detail, hint).
+
+The reference is vendored in reference/record_turn_v4_0018.sql: record_turn_v4 as
+revision 0020's downgrade restored it, taken from commit 4b19f01,
+migrations/versions/0020_hot_turn_claim.down.sql (gone since the baseline "0.1"),
+installed as record_turn_v4_0018.
 
 Revision 0020 answers most checks without a query (the JSON checks with the settings
 read once, one call to dispatch by containment) and skips the query that finds the first
@@ -10,13 +15,12 @@ bad call when every call passes; the cases sit on both sides of each of those sh
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
-
-from tests.migrations.helpers import MIGRATIONS
 
 from .helpers import Lease, complete, key, set_payload_cap, submit_and_claim
 
@@ -25,11 +29,11 @@ Conn = psycopg.Connection[Any]
 OLD = "record_turn_v4_0018"
 
 
+REFERENCE = Path(__file__).parent / "reference" / f"{OLD}.sql"
+
+
 def _install_old(admin: Conn) -> None:
-    text = (MIGRATIONS / "versions" / "0020_hot_turn_claim.down.sql").read_text(encoding="utf-8")
-    start = text.index("CREATE OR REPLACE FUNCTION runledger.record_turn_v4(")
-    end = text.index("\n$$;\n", start) + len("\n$$;\n")
-    admin.execute(text[start:end].replace("runledger.record_turn_v4(", f"runledger.{OLD}(", 1))
+    admin.execute(REFERENCE.read_text(encoding="utf-8"))  # type: ignore[arg-type]
 
 
 def _deep(levels: int) -> Any:

@@ -1,5 +1,9 @@
-"""record_turn_v2: the decision verbatim (the provider-native record, the final output,
-each call's provider id), called as a live or a stale worker would."""
+"""record_turn_v4 keeps the decision verbatim (the provider-native record, the final
+output, each call's provider id), called as a live or a stale worker would.
+
+Until the baseline "0.1" these were record_turn_v2's tests; record_turn_v4 takes the same
+arguments and more (here: no checkpoint, no finish, no dispatch, through helpers.record_v2).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from runledger.testing import DbClock
 
 from .helpers import (
     LEASE_SECONDS,
-    Lease,
     call,
     call_row,
     claim,
@@ -24,6 +26,7 @@ from .helpers import (
     key,
     one,
     record_turn,
+    record_v2,
     refused,
     rows,
     run_row,
@@ -51,23 +54,6 @@ RECORD: dict[str, Any] = {
     "empty": {},
     "zero": 0,
 }
-
-
-def record_v2(
-    conn: Conn, lease: Lease, turn: int, calls: Any, record: Any, output: Any = None
-) -> None:
-    conn.execute(
-        "SELECT runledger.record_turn_v2(%s, %s, %s, %s, %s, %s, %s)",
-        (
-            lease.run_id,
-            lease.lease_id,
-            lease.token,
-            turn,
-            Jsonb(calls),
-            None if record is None else Jsonb(record),
-            None if output is None else Jsonb(output),
-        ),
-    )
 
 
 def turn_row(conn: Conn, run_id: str, turn: int) -> dict[str, Any]:
@@ -258,7 +244,11 @@ def test_turn_order_and_open_calls_are_checked_as_record_turn(
     assert run_row(admin_conn, "r1")["status"] == "succeeded"
 
 
-def test_the_old_record_turn_still_works_and_stores_null(worker: Conn, admin_conn: Conn) -> None:
+def test_a_decision_alone_stores_null_and_is_a_no_op_on_repeat(
+    worker: Conn, admin_conn: Conn
+) -> None:
+    """record_turn_v4 with the calls alone (what record_turn, v1, took) stores no record,
+    no output and no provider id."""
     lease = submit_and_claim(worker)
     calls = [call("c0")]
     record_turn(worker, lease, 0, calls)
@@ -266,25 +256,12 @@ def test_the_old_record_turn_still_works_and_stores_null(worker: Conn, admin_con
     row = turn_row(admin_conn, "r1", 0)
     assert (row["calls"], row["record"], row["output"]) == (calls, None, None)
     assert call_row(admin_conn, key("r1", 0, "c0"))["provider_id"] is None
-    # the same decision through v2 without a record is the same decision
+    # the same decision with an explicit null record is the same decision
     record_v2(worker, lease, 0, calls, None)
     # with a record it is another one
     with refused(admin_conn, "RL004"):
         record_v2(worker, lease, 0, calls, RECORD)
     assert len(events(admin_conn, "r1", "turn_recorded")) == 1
-
-
-def test_a_turn_of_record_turn_v2_is_a_no_op_for_the_old_function(
-    worker: Conn, admin_conn: Conn
-) -> None:
-    """A worker of the previous release retrying the same calls changes nothing."""
-    lease = submit_and_claim(worker)
-    calls = [call("c0")]
-    record_v2(worker, lease, 0, calls, RECORD)
-    record_turn(worker, lease, 0, calls)
-    assert turn_row(admin_conn, "r1", 0)["record"] == RECORD
-    with refused(admin_conn, "RL004"):
-        record_turn(worker, lease, 0, [call("c9")])
 
 
 def test_the_wall_keeps_record_and_provider_id(worker: Conn, admin_conn: Conn) -> None:
