@@ -75,7 +75,7 @@ def audit(
 ) -> None:
     """Check the run tables' invariants and the event chains; exit 1 when any is broken."""
     from runledger.audit import audit as run_audit
-    from runledger.db.execution import probe_blocking
+    from runledger.db.connecting import probe_blocking
 
     url = require_url(database_url)
     probe_blocking(url, timeout=connect_timeout, application_name="runledger-audit")
@@ -108,7 +108,7 @@ def checkpoint(
     """Checkpoint the event chains now: record every run's newest event and its hash,
     chained to the previous checkpoint (workers do it every 10 s)."""
     from runledger.db.chain import checkpoint_now
-    from runledger.db.execution import probe_blocking
+    from runledger.db.connecting import probe_blocking
 
     url = require_url(database_url)
     probe_blocking(url, timeout=connect_timeout, application_name="runledger-checkpoint")

@@ -107,7 +107,7 @@ def console(
     except ImportError:
         raise click.UsageError(INSTALL_HINT) from None
     from runledger.console import ConsoleConfig, create_app
-    from runledger.db.execution import probe_blocking
+    from runledger.db.connecting import probe_blocking
 
     token = os.environ.get(TOKEN_ENV) or None
     read_url = require_url(database_url)

