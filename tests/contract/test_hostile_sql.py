@@ -185,7 +185,7 @@ def sessions(world_url: str) -> Iterator[dict[str, Conn]]:
 @pytest.fixture(scope="module")
 def world(sessions: dict[str, Conn]) -> World:
     w = sessions["runledger_worker"]
-    w.execute("SELECT runledger.register_worker('w1', 'host-a', 101, ARRAY['demo@1'])")
+    w.execute("SELECT runledger.register_worker_v2('w1', 'host-a', 101, ARRAY['demo@1'], false)")
     submit(w, "p1")
     [paused] = claim(w, "w1", lease_seconds=60, max_runs=1)
     [unknown_key] = paused_on_unknown(w, paused)
@@ -222,7 +222,9 @@ SUBMIT = "SELECT * FROM runledger.submit_run(%s, %s, %s, %s, 0, NULL)"
 SUBMIT_V2 = "SELECT * FROM runledger.submit_run_v2(%s, %s, %s, %s, 0, NULL, %s)"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CHECKPOINT = "SELECT runledger.checkpoint(%s, %s, %s, 0, %s)"
-RECORD_TURN = "SELECT runledger.record_turn(%s, %s, %s, 1, %s)"
+RECORD_TURN = (  # a bare decision: no record, output, checkpoint, finish or dispatch
+    "SELECT runledger.record_turn_v4(%s, %s, %s, 1, %s, NULL, NULL, NULL, NULL, false, NULL)"
+)
 DISPATCH = "SELECT runledger.dispatch_call(%s, %s, %s, %s)"
 COMPLETE = "SELECT runledger.complete_call(%s, %s, %s, %s, %s, %s, %s)"
 COMPLETE_CALLS = (  # one call: each array of one element
@@ -234,9 +236,9 @@ RELEASE5 = "SELECT runledger.release_lease(%s, %s, %s, %s, %s)"
 RESOLVE = "SELECT runledger.resolve_call(%s, %s, %s, %s, %s)"
 CANCEL = "SELECT runledger.cancel_run(%s, %s, %s)"
 RETRY = "SELECT runledger.retry_run(%s, %s)"
-CLAIM = "SELECT * FROM runledger.claim_runs(%s, %s::text[], '30 seconds', 5)"
+CLAIM = "SELECT * FROM runledger.claim_runs_v4(%s, %s::text[], '30 seconds', 5)"
 RENEW = "SELECT * FROM runledger.renew_leases(%s, %s::text[], %s::uuid[], '30 seconds')"
-REGISTER = "SELECT runledger.register_worker(%s, %s, 7, %s::text[])"
+REGISTER = "SELECT runledger.register_worker_v2(%s, %s, 7, %s::text[], false)"
 HEARTBEAT = "SELECT runledger.heartbeat_worker(%s, %s)"
 STALE = "SELECT runledger.report_stale_write(%s, %s, NULL, 1, %s, %s)"
 
@@ -254,9 +256,9 @@ def json_cases() -> list[Case]:
                  lambda w, v=deep_obj: ("deep1", "demo", "1", v), "RL006"),
             Case(f"checkpoint state {shape}", "worker", CHECKPOINT,
                  lambda w, v=deep_obj: (*_lease(w), v), "RL006"),
-            Case(f"record_turn args {shape}", "worker", RECORD_TURN,
+            Case(f"record_turn_v4 args {shape}", "worker", RECORD_TURN,
                  lambda w, v=deep_args: (*_lease(w), v), "RL006"),
-            Case(f"record_turn call member {shape}", "worker", RECORD_TURN,
+            Case(f"record_turn_v4 call member {shape}", "worker", RECORD_TURN,
                  lambda w, v=deep_member: (*_lease(w), v), "RL006"),
             Case(f"complete_call result {shape}", "worker", COMPLETE,
                  lambda w, v=deep_any: (*_lease(w), w.key, "succeeded", v, None), "RL006"),
@@ -281,9 +283,10 @@ def json_cases() -> list[Case]:
              lambda w: (), "RL006"),
         Case("2000 levels: checkpoint", "worker",
              f"SELECT runledger.checkpoint(%s, %s, %s, 0, {r})", _lease, "RL006"),
-        Case("2000 levels: record_turn args", "worker",
-             "SELECT runledger.record_turn(%s, %s, %s, 1, jsonb_build_array("
-             f"jsonb_build_object('call_id', 'c1', 'tool', 't', 'args', {r})))",
+        Case("2000 levels: record_turn_v4 args", "worker",
+             "SELECT runledger.record_turn_v4(%s, %s, %s, 1, jsonb_build_array("
+             f"jsonb_build_object('call_id', 'c1', 'tool', 't', 'args', {r})),"
+             " NULL, NULL, NULL, NULL, false, NULL)",
              _lease, "RL006"),
         Case("2000 levels: complete_call result", "worker",
              f"SELECT runledger.complete_call(%s, %s, %s, %s, 'failed', {r}, NULL)",
@@ -316,9 +319,9 @@ def worker_id_cases() -> list[Case]:
     cases: list[Case] = []
     for label, wid in bad.items():
         cases += [
-            Case(f"claim_runs worker id {label}", "worker", CLAIM,
+            Case(f"claim_runs_v4 worker id {label}", "worker", CLAIM,
                  lambda w, x=wid: (x, [FLOW_REF]), "RL006"),
-            Case(f"register_worker worker id {label}", "worker", REGISTER,
+            Case(f"register_worker_v2 worker id {label}", "worker", REGISTER,
                  lambda w, x=wid: (x, "host", [FLOW_REF]), "RL006"),
             Case(f"renew_leases worker id {label}", "worker", RENEW,
                  lambda w, x=wid: (x, [w.lease.run_id], [w.lease.lease_id]), "RL006"),
@@ -332,11 +335,11 @@ def worker_id_cases() -> list[Case]:
                  lambda w, x=wid: ("r1", x, "checkpoint", "lease lost"), "RL006"),
         ]  # fmt: skip
     cases += [
-        Case("claim_runs worker id NUL", "worker",
-             f"SELECT * FROM runledger.claim_runs({NUL}, ARRAY['demo@1'], '30 s', 5)",
+        Case("claim_runs_v4 worker id NUL", "worker",
+             f"SELECT * FROM runledger.claim_runs_v4({NUL}, ARRAY['demo@1'], '30 s', 5)",
              lambda w: (), "22021"),
-        Case("register_worker worker id NUL", "worker",
-             f"SELECT runledger.register_worker({NUL}, 'h', 1, ARRAY['demo@1'])",
+        Case("register_worker_v2 worker id NUL", "worker",
+             f"SELECT runledger.register_worker_v2({NUL}, 'h', 1, ARRAY['demo@1'], false)",
              lambda w: (), "22021"),
         Case("renew_leases worker id NUL", "worker",
              f"SELECT * FROM runledger.renew_leases({NUL}, %s::text[], %s::uuid[], '30 s')",
@@ -388,17 +391,17 @@ def text_cases() -> list[Case]:
              lambda w: ("n1", "demo", "1", Jsonb(nest_object(LIMIT + 1, "objects")), TRACEPARENT),
              "RL006"),
         # flow references (arrays)
-        Case("claim_runs flows 1001 elements", "worker", CLAIM,
+        Case("claim_runs_v4 flows 1001 elements", "worker", CLAIM,
              lambda w: ("w1", [FLOW_REF] * 1001), "RL006"),
-        Case("claim_runs flow reference 10 kB", "worker", CLAIM,
+        Case("claim_runs_v4 flow reference 10 kB", "worker", CLAIM,
              lambda w: ("w1", ["f" * 10_000 + "@1"]), "RL006"),
-        Case("claim_runs flow reference NULL", "worker", CLAIM,
+        Case("claim_runs_v4 flow reference NULL", "worker", CLAIM,
              lambda w: ("w1", [None]), "RL006"),
-        Case("register_worker flows 1001 elements", "worker", REGISTER,
+        Case("register_worker_v2 flows 1001 elements", "worker", REGISTER,
              lambda w: ("w9", "host", [FLOW_REF] * 1001), "RL006"),
-        Case("register_worker flows NULL", "worker", REGISTER,
+        Case("register_worker_v2 flows NULL", "worker", REGISTER,
              lambda w: ("w9", "host", None), "RL006"),
-        Case("register_worker hostname 256 chars", "worker", REGISTER,
+        Case("register_worker_v2 hostname 256 chars", "worker", REGISTER,
              lambda w: ("w9", "h" * 256, [FLOW_REF]), "RL006"),
         # renew_leases: the run ids
         Case("renew_leases run id 129 chars", "worker", RENEW,
@@ -688,7 +691,7 @@ def _register(
     conn: Conn, worker_id: str = "dup", hostname: str = "host-a", pid: int = 4242
 ) -> None:
     conn.execute(
-        "SELECT runledger.register_worker(%s, %s, %s, %s::text[])",
+        "SELECT runledger.register_worker_v2(%s, %s, %s, %s::text[], false)",
         (worker_id, hostname, pid, [FLOW_REF]),
     )
 
@@ -752,7 +755,8 @@ def test_the_id_is_taken_over_from_a_killed_worker_process(
         "import sys, psycopg\n"
         "c = psycopg.connect(sys.argv[1], autocommit=True)\n"
         "c.execute('SET ROLE runledger_worker')\n"
-        "c.execute(\"SELECT runledger.register_worker('dup', 'host-k', 1, ARRAY['demo@1'])\")\n"
+        "c.execute(\"SELECT runledger.register_worker_v2('dup', 'host-k', 1,"
+        " ARRAY['demo@1'], false)\")\n"
         "print(c.info.backend_pid, flush=True)\n"
         "sys.stdin.read()\n"
     )
