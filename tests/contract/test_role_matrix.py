@@ -174,7 +174,7 @@ def world(database_url: str, admin_conn: Conn, worker: Conn) -> Iterator[World]:
     done = submit_and_claim(worker, "done")
     finish(worker, done, "succeeded")
     submit(worker, "waiting", flow="other")
-    worker.execute("SELECT runledger.register_worker('w1', 'host', 42, ARRAY['demo@1'])")
+    worker.execute("SELECT runledger.register_worker_v2('w1', 'host', 42, ARRAY['demo@1'], false)")
     # a failover's row for 'waiting' (as the superuser: past the owner-only check)
     admin_conn.execute(
         "INSERT INTO runledger.failover_runs (run_id, position, status, fencing_token, turn, "
@@ -358,15 +358,9 @@ WORKER_FUNCTIONS = {
     "now",
     "submit_run",
     "submit_run_v2",
-    "claim_runs",
-    "claim_runs_v2",
-    "claim_runs_v3",
     "claim_runs_v4",
     "renew_leases",
     "checkpoint",
-    "record_turn",
-    "record_turn_v2",
-    "record_turn_v3",
     "record_turn_v4",
     "finish_and_claim",  # revision 0026
     "dispatch_call",
@@ -378,7 +372,6 @@ WORKER_FUNCTIONS = {
     "report_stale_write",
     "call_sender",  # revision 0031
     "release_call",  # revision 0031
-    "register_worker",
     "register_worker_v2",
     "heartbeat_listener",
     "heartbeat_worker",

@@ -87,7 +87,7 @@ def test_the_worker_role_reads_and_calls_the_worker_functions(
     k = dispatched_call(worker, lease)
     complete(worker, lease, k, "succeeded", {"ok": True})
     finish(worker, lease, "succeeded")
-    worker.execute("SELECT runledger.register_worker('w1', 'host', 42, ARRAY['demo@1'])")
+    worker.execute("SELECT runledger.register_worker_v2('w1', 'host', 42, ARRAY['demo@1'], false)")
     worker.execute("SELECT runledger.heartbeat_worker('w1', false)")
     for relation in READS:
         worker.execute(f"SELECT * FROM runledger.{relation}").fetchall()  # type: ignore[arg-type]
@@ -138,7 +138,7 @@ def test_the_auditor_role_only_reads(worker: Conn, auditor: Conn, admin_conn: Co
             auditor.execute(statement)  # type: ignore[arg-type]
     worker_calls = {
         "submit_run": "SELECT * FROM runledger.submit_run('a1', 'demo', '1', '{}')",
-        "claim_runs": "SELECT * FROM runledger.claim_runs('a', ARRAY['demo@1'], '1 min', 1)",
+        "claim_runs_v4": "SELECT * FROM runledger.claim_runs_v4('a', ARRAY['demo@1'], '1 min', 1)",
         "report_stale_write": "SELECT runledger.report_stale_write('r1', 'a', NULL, 1, 'x', 'y')",
     }
     for case, statement in {**worker_calls, **OPERATOR_CALLS}.items():
@@ -169,15 +169,10 @@ def test_public_cannot_execute_any_function(admin_conn: Conn) -> None:
 CONTRACT_FUNCTIONS = [
     "submit_run",
     "submit_run_v2",
-    "claim_runs",
-    "claim_runs_v2",
-    "claim_runs_v3",
     "claim_runs_v4",
     "renew_leases",
     "checkpoint",
-    "record_turn",
-    "record_turn_v2",
-    "record_turn_v3",
+    "record_turn_v4",
     "finish_and_claim",
     "dispatch_call",
     "complete_call",
@@ -186,7 +181,7 @@ CONTRACT_FUNCTIONS = [
     "finish_run",
     "release_lease",
     "report_stale_write",
-    "register_worker",
+    "register_worker_v2",
     "heartbeat_worker",
     "resolve_call",
     "approve_call",

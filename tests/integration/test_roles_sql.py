@@ -148,7 +148,7 @@ def test_the_worker_login_drives_runs_through_the_functions_only(applied: Cluste
     with applied.connect("worker") as conn:
         conn.execute("SELECT * FROM runledger.submit_run('roles-r1', 'demo', '1', '{}', 0, NULL)")
         claimed = conn.execute(
-            "SELECT run_id FROM runledger.claim_runs_v3('w1', ARRAY['demo@1'], '30 s', 1)"
+            "SELECT run_id FROM runledger.claim_runs_v4('w1', ARRAY['demo@1'], '30 s', 1)"
         ).fetchall()
         assert [r[0] for r in claimed] == ["roles-r1"]
         assert conn.execute("SELECT count(*) FROM runledger.runs").fetchone() == (1,)
@@ -184,7 +184,7 @@ def test_the_auditor_login_reads_and_calls_only_the_clock(applied: Cluster) -> N
         conn.execute("SELECT count(*) FROM runledger.runs")
         conn.execute("SELECT count(*) FROM runledger.effect_ledger")
         conn.execute("SELECT runledger.now()")  # revision 0012: the read commands need it
-        _refused(conn, "SELECT * FROM runledger.claim_runs_v3('a', ARRAY['demo@1'], '30 s', 1)")
+        _refused(conn, "SELECT * FROM runledger.claim_runs_v4('a', ARRAY['demo@1'], '30 s', 1)")
         _refused(conn, "SELECT runledger.resolve_call('x:0:c1', 'applied', '{}', 'me', NULL)")
         _refused(
             conn, "INSERT INTO runledger.run_events (run_id, at, kind) VALUES ('x', now(), 'y')"
