@@ -48,10 +48,10 @@ def admin(connect: Connect) -> Conn:
     return connect("admin")
 
 
-def claim_v3(conn: Conn, worker_id: str = "w2", max_runs: int = 10) -> list[dict[str, Any]]:
+def claim_v4(conn: Conn, worker_id: str = "w2", max_runs: int = 10) -> list[dict[str, Any]]:
     return rows(
         conn,
-        "SELECT * FROM runledger.claim_runs_v3(%s, %s::text[], %s, %s)",
+        "SELECT * FROM runledger.claim_runs_v4(%s, %s::text[], %s, %s)",
         (worker_id, [FLOW_REF], dt.timedelta(seconds=LEASE_SECONDS), max_runs),
     )
 
@@ -89,7 +89,7 @@ def test_installed_on_the_current_timeline_and_claims_add_nothing(
         (1, timeline(admin), None)
     ]
     submit_and_claim(worker, "r1")
-    claim_v3(worker)
+    claim_v4(worker)
     assert rows(admin, "SELECT position FROM runledger.timelines") == [{"position": 1}]
     assert rows(admin, "SELECT * FROM runledger.failover_runs") == []
 
@@ -121,7 +121,7 @@ def test_a_new_timeline_is_recorded_with_the_runs_it_affected(worker: Conn, admi
     last_event = int(scalar(admin, "SELECT max(event_id) FROM runledger.run_events"))
 
     pretend_last_seen(admin, now + 6)
-    claimed = claim_v3(worker, "w2")
+    claimed = claim_v4(worker, "w2")
 
     seen = rows(admin, "SELECT * FROM runledger.timelines ORDER BY position")
     assert [(r["position"], r["timeline"], r["previous_timeline"]) for r in seen] == [
@@ -183,7 +183,7 @@ def test_a_new_timeline_is_recorded_with_the_runs_it_affected(worker: Conn, admi
     settle = held_row["lease_expires_at"] - scalar(admin, "SELECT runledger.now()")
     assert dt.timedelta(seconds=9) < settle <= dt.timedelta(seconds=10)
     admin.execute("UPDATE runledger.settings SET clock_offset = clock_offset + interval '11 s'")
-    claimed = claim_v3(worker, "w2")
+    claimed = claim_v4(worker, "w2")
     by_run = {r["run_id"]: r for r in claimed}
     assert set(by_run) == {"held", "queued"}
     assert by_run["held"]["takeover"] is True
@@ -202,14 +202,14 @@ def test_a_new_timeline_is_recorded_with_the_runs_it_affected(worker: Conn, admi
     with sqlstate("RL001"):
         complete(worker, held, key("held", 0, "c2"), "succeeded", {"ok": True})
     # a second claim finds the timeline recorded and adds nothing
-    claim_v3(worker, "w3")
+    claim_v4(worker, "w3")
     assert int(scalar(admin, "SELECT count(*) FROM runledger.timelines")) == 3
     assert int(scalar(admin, "SELECT count(*) FROM runledger.failover_runs")) == 3
 
 
 def test_a_run_no_failover_affected_has_no_failover_turn(worker: Conn, admin: Conn) -> None:
     submit(worker, "r1")
-    (row,) = claim_v3(worker)
+    (row,) = claim_v4(worker)
     assert row["failover_turn"] is None
     assert run_row(admin, "r1")["status"] == "running"
 
@@ -222,7 +222,7 @@ def test_the_latest_turn_is_the_suspect_one(worker: Conn, admin: Conn) -> None:
     record_turn(worker, lease, 1, [call("c1")])
     finish(worker, lease, "paused", reason="for the test")
     pretend_last_seen(admin, timeline(admin) + 1)
-    claim_v3(worker)
+    claim_v4(worker)
     assert scalar(admin, "SELECT turn FROM runledger.failover_runs") == 1
     assert call_row(admin, key("r1", 0, "c1"))["status"] == "succeeded"
     assert call_row(admin, key("r1", 1, "c1"))["status"] == "dispatched"
@@ -244,7 +244,7 @@ def test_an_empty_table_records_the_timeline_and_no_failover(worker: Conn, admin
 def test_the_record_of_failovers_is_append_only(worker: Conn, admin: Conn) -> None:
     submit(worker, "r1")
     pretend_last_seen(admin, timeline(admin) + 1)
-    claim_v3(worker)
+    claim_v4(worker)
     for statement in (
         "UPDATE runledger.timelines SET affected_runs = 0",
         "DELETE FROM runledger.timelines WHERE position > 1",
@@ -263,9 +263,9 @@ def test_a_pruned_run_takes_its_failover_rows_with_it(
 ) -> None:
     submit(worker, "r1")
     pretend_last_seen(admin, timeline(admin) + 1)
-    assert claim_v3(worker) == []  # the failover's wait
+    assert claim_v4(worker) == []  # the failover's wait
     admin.execute("UPDATE runledger.settings SET clock_offset = clock_offset + interval '11 s'")
-    (row,) = claim_v3(worker)
+    (row,) = claim_v4(worker)
     assert row["failover_turn"] == 0
     lease = claim_lease(row)
     record_turn(worker, lease, 0, [])

@@ -222,7 +222,8 @@ def test_malformed_calls_are_invalid(worker: Conn, admin_conn: Conn) -> None:
             record_turn(worker, lease, 0, calls)
     with refused(admin_conn, "RL006", "SQL NULL"):
         worker.execute(
-            "SELECT runledger.record_turn(%s, %s, %s, 0, NULL)",
+            "SELECT runledger.record_turn_v4(%s, %s, %s, 0, NULL,"
+            " NULL, NULL, NULL, NULL, false, NULL)",
             (lease.run_id, lease.lease_id, lease.token),
         )
 

@@ -237,6 +237,12 @@ def test_submit_run_input_by_sql(value: dict[str, Any], worker: Conn, admin_conn
         assert same(got, sent(value)), (got, value)
 
 
+# a bare decision: no record, output, checkpoint, finish or dispatch
+RECORD_TURN = (
+    "SELECT runledger.record_turn_v4(%s, %s, %s, 0, %s, NULL, NULL, NULL, NULL, false, NULL)"
+)
+
+
 @SETTINGS
 @given(args=json_objects, result=json_values, receipt=st.none() | json_objects)
 def test_record_turn_and_complete_call_by_sql(
@@ -249,13 +255,13 @@ def test_record_turn_and_complete_call_by_sql(
     key = f"{run_id}:0:c1"
     calls = [{"call_id": "c1", "tool": "t", "args": args}]
     record = lambda: worker.execute(  # noqa: E731
-        "SELECT runledger.record_turn(%s, %s, %s, 0, %s)",
+        RECORD_TURN,
         (run_id, lease.lease_id, lease.token, Jsonb(calls)),
     )
     if not _sql_expect(admin_conn, sql_refusal(args), record):
         calls = [{"call_id": "c1", "tool": "t", "args": {}}]
         worker.execute(
-            "SELECT runledger.record_turn(%s, %s, %s, 0, %s)",
+            RECORD_TURN,
             (run_id, lease.lease_id, lease.token, Jsonb(calls)),
         )
     else:

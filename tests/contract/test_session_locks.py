@@ -144,8 +144,8 @@ def test_a_worker_of_the_previous_release_does_not_inherit_a_key(
     first.execute("SELECT runledger.heartbeat_worker('w1', true)")  # stopped cleanly
     first.close()
     old_release = connect("runledger_worker")
-    old_release.execute(
-        "SELECT runledger.register_worker('w1', 'host', 2, %s::text[])", [[FLOW_REF]]
+    old_release.execute(  # no session lock: what the previous release's register_worker did
+        "SELECT runledger.register_worker_v2('w1', 'host', 2, %s::text[], false)", [[FLOW_REF]]
     )
     assert scalar(admin_conn, "SELECT session_lock FROM runledger.workers") is None
     submit(worker, "r1")

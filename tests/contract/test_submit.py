@@ -303,7 +303,7 @@ def test_claim_with_a_malformed_flow_reference_is_refused(worker: Conn, admin_co
             claim(worker, flows=flows)
         assert "flow reference" in info.value.diag.message_primary, flows
     with refused(admin_conn, "RL006", "NULL array"):
-        worker.execute("SELECT * FROM runledger.claim_runs('w1', NULL, '30 s', 1)")
+        worker.execute("SELECT * FROM runledger.claim_runs_v4('w1', NULL, '30 s', 1)")
     assert run_row(admin_conn, "r1")["status"] == "queued"
 
 
