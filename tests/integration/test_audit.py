@@ -74,7 +74,7 @@ async def test_a_failover_is_reported_with_its_runs(
         "INSERT INTO runledger.timelines (position, timeline, seen_at) "
         "VALUES (2, runledger._timeline() + 1, now())"
     )
-    admin_conn.execute("SELECT * FROM runledger.claim_runs('w1', '{other@1}', '30 s', 1)")
+    admin_conn.execute("SELECT * FROM runledger.claim_runs_v4('w1', '{other@1}', '30 s', 1)")
     broken = {f.check.name: f for f in run_checks(database_url) if not f.ok}
     assert set(broken) == {"failover"}
     added, (row,) = broken["failover"].rows[:1], broken["failover"].rows[1:]

@@ -33,7 +33,7 @@ def _world(url: str) -> psycopg.Connection[Any]:
     def claimed(run_id: str, flow: str = "prune") -> dict[str, Any]:
         ex("SELECT runledger.submit_run(%s, %s, '1', '{}'::jsonb)", (run_id, flow))
         row = ex(
-            "SELECT * FROM runledger.claim_runs('w', ARRAY[%s || '@1'], '1 hour', 1)", (flow,)
+            "SELECT * FROM runledger.claim_runs_v4('w', ARRAY[%s || '@1'], '1 hour', 1)", (flow,)
         ).fetchone()
         assert row is not None and row["run_id"] == run_id
         return row

@@ -85,11 +85,12 @@ def _ops_flow() -> Flow:
 def _claim(conn: psycopg.Connection[Any], worker: str, flow: str, run_id: str) -> None:
     name, version = flow.split("@")
     conn.execute(
-        "SELECT runledger.register_worker(%s, %s, %s, %s)", (worker, f"host-{worker}", 4242, [flow])
+        "SELECT runledger.register_worker_v2(%s, %s, %s, %s, false)",
+        (worker, f"host-{worker}", 4242, [flow]),
     )
     conn.execute("SELECT * FROM runledger.submit_run(%s, %s, %s, '{}')", (run_id, name, version))
     claimed = conn.execute(
-        "SELECT run_id FROM runledger.claim_runs(%s, %s, interval '30 seconds', 1)",
+        "SELECT run_id FROM runledger.claim_runs_v4(%s, %s, interval '30 seconds', 1)",
         (worker, [flow]),
     ).fetchall()
     assert claimed == [(run_id,)]
@@ -494,7 +495,9 @@ def test_a_running_runs_unknown_call_and_an_expired_lease_whose_holder_is_alive(
     ).fetchone()  # type: ignore[misc]
     calls = '[{"call_id": "c0", "tool": "charge", "args": {}}]'
     admin_conn.execute(
-        "SELECT runledger.record_turn('r-running', %s, %s, 0, %s::jsonb)", (lease_id, token, calls)
+        "SELECT runledger.record_turn_v4('r-running', %s, %s, 0, %s::jsonb"
+        ", NULL, NULL, NULL, NULL, false, NULL)",
+        (lease_id, token, calls),
     )
     admin_conn.execute(
         "SELECT runledger.dispatch_call('r-running', %s, %s, 'r-running:0:c0')", (lease_id, token)

@@ -85,7 +85,7 @@ def test_a_recorded_failover_is_listed(
         "INSERT INTO runledger.timelines (position, timeline, seen_at) "
         "VALUES (2, runledger._timeline() + 1, now())"
     )
-    admin_conn.execute("SELECT * FROM runledger.claim_runs('w1', '{demo@1}', '30 s', 1)")
+    admin_conn.execute("SELECT * FROM runledger.claim_runs_v4('w1', '{demo@1}', '30 s', 1)")
     results = _by_check(run_doctor(database_url, connect_timeout=5))
     assert results["timeline"].ok
     assert "2 failover(s) recorded" in results["timeline"].detail  # the added row, and back

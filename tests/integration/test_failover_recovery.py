@@ -75,11 +75,12 @@ async def test_calls_that_may_have_been_sent_on_the_lost_timeline_are_recovered_
     # the charge's result and the whole of turn 1 (an email, sent) are lost
     await db.submit("fo-lost", flow)
     (held,) = await db.rows(
-        "SELECT * FROM runledger.claim_runs('old-worker', ARRAY['failover@1'], %s, 1)",
+        "SELECT * FROM runledger.claim_runs_v4('old-worker', ARRAY['failover@1'], %s, 1)",
         dt.timedelta(hours=1),
     )
     await db.rows(
-        "SELECT runledger.record_turn(%s, %s, %s, 0, %s::jsonb)",
+        "SELECT runledger.record_turn_v4(%s, %s, %s, 0, %s::jsonb,"
+        " NULL, NULL, NULL, NULL, false, NULL)",
         "fo-lost",
         held["lease_id"],
         held["fencing_token"],
