@@ -271,15 +271,20 @@ def test_a_database_behind_the_code_is_schema_missing_naming_the_revision(
     database_url: str, admin_conn: psycopg.Connection[Any]
 ) -> None:
     from runledger.db import migrate
+    from runledger.db.revisions import BEFORE_BASELINE
 
     chain = migrate.revision_chain()
     assert chain[-1] == migrate.head()  # read without Alembic, the same head
-    admin_conn.execute("UPDATE runledger.alembic_version SET version_num = %s", (chain[0],))
+    # The baseline 0.1 is the whole chain, so the revision behind it is the last one it
+    # replaced (0032: runledger at 4b19f01).
+    old = max(BEFORE_BASELINE)
+    assert old == "0032" and old not in chain
+    admin_conn.execute("UPDATE runledger.alembic_version SET version_num = %s", (old,))
     with pytest.raises(errors.SchemaMissing) as info:
         Client(database_url)
     assert str(info.value) == (
         f"database '{admin_conn.info.dbname}' at 127.0.0.1:{admin_conn.info.port} is at schema "
-        f"revision {chain[0]}, this code needs {chain[-1]}: run `runledger migrate`"
+        f"revision {old}, this code needs {chain[-1]}: run `runledger migrate`"
     )
 
 
