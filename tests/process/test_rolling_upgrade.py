@@ -2,11 +2,15 @@
 migrate` of this tree upgrades the database under them; new workers start, the old ones are
 stopped. Every run finishes, no effect happens twice, and `runledger audit` passes.
 
-The earlier release is a commit of this repository's history, extracted with ``git archive``
-and run from its own ``service/`` directory with this environment's packages. The migration
-is stopped before its first step commits (a session holds the version table, which it
-writes last) until a worker of the earlier release has written meanwhile: a write that
-comes while the step runs is then certain, not a matter of timing.
+Two earlier releases: 0.1.0, the last release, and 4b19f01, the last commit before the 0.1
+baseline (revision 0032), whose databases `runledger migrate` brings to the baseline.
+Each is a commit of this repository's history, extracted with ``git archive`` and run from
+its own ``service/`` directory with this environment's packages. When the release is
+behind this tree, the migration is stopped before its first step commits (a session holds
+the version table, which it writes last) until a worker of the earlier release has
+written meanwhile: a write that comes while the step runs is then certain, not a matter
+of timing. When it is at this tree's head (no revision since), `migrate` changes nothing
+and the releases' workers share the database.
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ pytestmark = [pytest.mark.process, pytest.mark.slow, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The release the workers are upgraded from: 4b19f01, the last commit before the 0.1
-# baseline, at revision 0032, which `runledger migrate` brings to the baseline under its
-# workers (migrations/env.py). Once 0.1.0 is released, the commit of its tag.
-PREVIOUS_RELEASE = "4b19f010a90cc4e3c3a1d7cc21b3c2f2e59a610a"
+# The releases the workers are upgraded from: the last release, 0.1.0 (tag v0.1.0), and
+# 4b19f01, the last commit before the 0.1 baseline, at revision 0032. A new release
+# replaces PREVIOUS_RELEASE with its own commit.
+PREVIOUS_RELEASE = "4b83b7ca0e40593713f54237e44f3f9961b51d4b"  # 0.1.0
+PRE_BASELINE = "4b19f010a90cc4e3c3a1d7cc21b3c2f2e59a610a"  # revision 0032
 
 RUNS = 80
 GATED = 4  # runs whose second call waits at the provider until the upgrade is over
@@ -64,15 +69,18 @@ class Workers(WorkerPool):
         return f"{self.prefix}{i}"
 
 
-@pytest.fixture
-def previous_release(tmp_path: Path) -> Path:
-    """The tree of PREVIOUS_RELEASE (CI clones the whole history)."""
+@pytest.fixture(
+    params=[pytest.param(PREVIOUS_RELEASE, id="0.1.0"), pytest.param(PRE_BASELINE, id="0032")]
+)
+def previous_release(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """The tree of an earlier release (CI clones the whole history)."""
+    commit = request.param
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", PREVIOUS_RELEASE], capture_output=True, check=False
+        ["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=False
     )
     if archive.returncode != 0:
         pytest.fail(
-            f"git archive {PREVIOUS_RELEASE} failed (a shallow clone? git fetch --unshallow): "
+            f"git archive {commit} failed (a shallow clone? git fetch --unshallow): "
             + archive.stderr.decode(errors="replace")
         )
     tree = tmp_path / "previous"
@@ -143,7 +151,7 @@ def test_workers_of_the_previous_release_run_through_the_upgrade(
         assert done.returncode == 0, done.stderr
         with psycopg.connect(url, autocommit=True) as conn:
             (before,) = conn.execute("SELECT version_num FROM runledger.alembic_version").fetchone()
-            assert behind(before), f"{PREVIOUS_RELEASE} is at {before}"
+            assert before == head() or behind(before), f"{previous_release} is at {before}"
             for n in range(RUNS):
                 conn.execute(
                     "SELECT * FROM runledger.submit_run(%s, 'scripted', '1', %s)",
@@ -153,42 +161,48 @@ def test_workers_of_the_previous_release_run_through_the_upgrade(
             old.start(2)
             provider.client.wait_for_held("upgrade", GATED, timeout=90)
 
-            # This tree's migrate, stopped before its first revision commits until a worker
-            # of the earlier release waits for it.
-            with psycopg.connect(url) as holder:
-                holder.execute("LOCK TABLE runledger.alembic_version IN SHARE MODE")
-                migrate = subprocess.Popen(
-                    [sys.executable, "-m", "runledger", "migrate"],
-                    env={**os.environ, "RUNLEDGER_DATABASE_URL": url},
-                    cwd=ROOT,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-                try:
-                    wait_for(
-                        lambda: _waiting_for(conn, holder.info.backend_pid),
-                        timeout=60,
-                        what="the migration's first revision, done and not committed",
+            if before == head():
+                # No revision since that release: this tree's migrate changes nothing.
+                done = _command(["migrate"], {"RUNLEDGER_DATABASE_URL": url}, ROOT)
+                assert done.returncode == 0, done.stderr
+                out, err = done.stdout, done.stderr
+            else:
+                # This tree's migrate, stopped before its first revision commits until a worker
+                # of the earlier release waits for it.
+                with psycopg.connect(url) as holder:
+                    holder.execute("LOCK TABLE runledger.alembic_version IN SHARE MODE")
+                    migrate = subprocess.Popen(
+                        [sys.executable, "-m", "runledger", "migrate"],
+                        env={**os.environ, "RUNLEDGER_DATABASE_URL": url},
+                        cwd=ROOT,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
                     )
-                    # The workers of the earlier release write meanwhile: the step from
-                    # their revision to the baseline takes nothing they use.
-                    (during,) = conn.execute(
-                        "SELECT max(event_id) FROM runledger.run_events"
-                    ).fetchone()
-                    wait_for(
-                        lambda: conn.execute(
-                            "SELECT count(*) > 0 FROM runledger.run_events"
-                            " WHERE event_id > %s AND actor LIKE 'old%%'",
-                            (during,),
-                        ).fetchone()[0],
-                        timeout=60,
-                        what="a write of the earlier release's workers during the migration",
-                    )
-                finally:
-                    holder.commit()
-                out, err = migrate.communicate(timeout=120)
-            assert migrate.returncode == 0, err
+                    try:
+                        wait_for(
+                            lambda: _waiting_for(conn, holder.info.backend_pid),
+                            timeout=60,
+                            what="the migration's first revision, done and not committed",
+                        )
+                        # The workers of the earlier release write meanwhile: the step from
+                        # their revision to the baseline takes nothing they use.
+                        (during,) = conn.execute(
+                            "SELECT max(event_id) FROM runledger.run_events"
+                        ).fetchone()
+                        wait_for(
+                            lambda: conn.execute(
+                                "SELECT count(*) > 0 FROM runledger.run_events"
+                                " WHERE event_id > %s AND actor LIKE 'old%%'",
+                                (during,),
+                            ).fetchone()[0],
+                            timeout=60,
+                            what="a write of the earlier release's workers during the migration",
+                        )
+                    finally:
+                        holder.commit()
+                    out, err = migrate.communicate(timeout=120)
+            assert migrate is None or migrate.returncode == 0, err
             assert out.strip() == f"migrated: {before} -> {head()}"
             # A checkpoint of the heads the upgrade left (this tree's workers make one every
             # 10 s): an event without its hash there would be a head that changed.
