@@ -26,18 +26,13 @@ TOKEN_ENV = "RUNLEDGER_CONSOLE_TOKEN"
 
 log = logging.getLogger("runledger.console")
 
-# The function an operator-role login may execute and an auditor's may not.
-_ACTS = "runledger.resolve_call(text, text, jsonb, text, text)"
-
 
 def _can_act(url: str, connect_timeout: float) -> bool:
+    from runledger.db.diagnosis import can_act
     from runledger.db.inspect import read_connection
 
     with read_connection(url, connect_timeout) as conn:
-        row = conn.execute(
-            "SELECT has_function_privilege(%s, 'EXECUTE') AS acts", (_ACTS,)
-        ).fetchone()
-    return bool(row and row["acts"])
+        return can_act(conn)
 
 
 def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -31,11 +31,12 @@ from typing import Any
 import psycopg
 
 from runledger.db.connecting import connect_timeout_param
+from runledger.db.event_log import EVENTS_CHANNEL, listen_for_events
 from runledger.db.server import in_recovery
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "runledger_events"
+CHANNEL = EVENTS_CHANNEL
 KEEPALIVE_SECONDS = 15.0
 QUEUE_SIZE = 256
 MAX_BACKOFF = 10.0
@@ -130,7 +131,7 @@ class Hub:
                 async with conn:
                     standby = await in_recovery(conn)
                     if not standby:
-                        await conn.execute("LISTEN " + CHANNEL)
+                        await listen_for_events(conn)
                         self._listening_again(lost)
                         delay, lost = 0.25, False
                         async for note in conn.notifies():

@@ -1,6 +1,7 @@
 """The reads of ``runledger doctor`` (:mod:`runledger.doctor`), each one statement on one
 read-only connection: the server, the schema's revision, replication, the timelines seen,
-the roles, the default isolation, the database's clock. Nothing is written."""
+the roles, the default isolation, the database's clock. Nothing is written. And whether a
+login may act as an operator (:func:`can_act`, for ``runledger console``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from runledger.db.pooler import read_only_session
 
 Row = dict[str, Any]
 Conn = psycopg.Connection[Row]
+
+# The function an operator-role login may execute and an auditor's may not.
+OPERATOR_ACT = "runledger.resolve_call(text, text, jsonb, text, text)"
 
 
 def doctor_connection(database_url: str, connect_timeout: float) -> Conn:
@@ -106,3 +110,12 @@ def default_isolation(conn: Conn) -> str:
 def database_clock(conn: Conn) -> float:
     """The database's ``clock_timestamp()``, seconds since the epoch."""
     return float(_one(conn, "SELECT extract(epoch FROM clock_timestamp())::float8 AS at")["at"])
+
+
+def can_act(conn: Conn) -> bool:
+    """Whether this login may execute :data:`OPERATOR_ACT`: an operator's may, an
+    auditor's may not."""
+    row = conn.execute(
+        "SELECT has_function_privilege(%s, 'EXECUTE') AS acts", (OPERATOR_ACT,)
+    ).fetchone()
+    return bool(row and row["acts"])

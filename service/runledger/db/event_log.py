@@ -1,10 +1,16 @@
 """The event log for ``runledger events``: the newest events that match, and a follower
 that polls for new ones without losing those committed out of order. Read-only, on a
-connection of :func:`runledger.db.inspect.read_connection`."""
+connection of :func:`runledger.db.inspect.read_connection`.
+
+And where new events are announced: at commit, each one an operator watches is NOTIFYed
+on :data:`EVENTS_CHANNEL` as ``'<event_id> <run_id> <kind>'`` (revision 0015; the console
+listens, :func:`listen_for_events`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
@@ -22,6 +28,13 @@ SELECT * FROM (
     LIMIT %(limit)s
 ) e ORDER BY event_id
 """
+
+EVENTS_CHANNEL = "runledger_events"
+
+
+async def listen_for_events(conn: psycopg.AsyncConnection[Any]) -> None:
+    """LISTEN on ``conn`` (an autocommit session of the caller's) for :data:`EVENTS_CHANNEL`."""
+    await conn.execute("LISTEN " + EVENTS_CHANNEL)
 
 
 def events(

@@ -1,4 +1,5 @@
-"""What a connection says of its server: a standby or not, and where it is."""
+"""What a connection says of its server: a standby or not, and where it is (its address,
+its data directory)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ async def in_recovery(conn: psycopg.AsyncConnection[Any]) -> bool:
     cur = await conn.execute("SELECT pg_is_in_recovery()")
     row = await cur.fetchone()
     return bool(row is not None and row[0])
+
+
+def data_directory(conn: psycopg.Connection[Any]) -> str | None:
+    """The server's ``data_directory`` (needs superuser or ``pg_read_all_settings``);
+    None if it said nothing."""
+    row = conn.execute("SHOW data_directory").fetchone()
+    return str(row[0]) if row else None
 
 
 def hosts_ports(host: str, port: str) -> str:

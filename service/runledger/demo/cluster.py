@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from runledger.db.server import data_directory
+
 if TYPE_CHECKING:
     from runledger.testing.postgres import Server
 
@@ -190,8 +192,8 @@ def _cluster_dir(url: str, backend: str) -> str | None:
     if backend not in ("local", "embedded"):
         return None
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SHOW data_directory").fetchone()
-    base = Path(str(row[0])).parent if row else None
+        data = data_directory(conn)
+    base = Path(data).parent if data is not None else None
     return str(base) if base is not None and base.name.startswith(CLUSTER_PREFIX) else None
 
 

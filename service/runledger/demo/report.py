@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from runledger.db.batch import read_batch
 from runledger.demo import SAFETY
 
 
@@ -79,85 +80,53 @@ def audit(url: str, prefix: str, runs: int, effects: Sequence[dict[str, Any]]) -
     """The demo's runs (ids ``{prefix}-*``) against ``effects``, the provider's record."""
     from runledger.audit import run_checks
 
-    like = f"{prefix}-%"
     per_key = Counter(str(e["key"]) for e in effects if str(e["key"]).startswith(prefix + "-"))
     with psycopg.connect(url, autocommit=True) as conn:
-        statuses = {
-            str(s): int(n)
-            for s, n in conn.execute(
-                "SELECT status, count(*) FROM runledger.runs WHERE run_id LIKE %s GROUP BY 1",
-                (like,),
-            ).fetchall()
-        }
-        row = conn.execute(
-            "SELECT count(*) FROM runledger.run_events WHERE run_id LIKE %s AND kind = 'takeover'",
-            (like,),
-        ).fetchone()
-        takeovers = int(row[0]) if row else 0
-        calls = conn.execute(
-            "SELECT run_id, tool, idempotency_key, status, attempts, receipt IS NOT NULL, args "
-            "FROM runledger.run_calls WHERE run_id LIKE %s ORDER BY run_id, turn, position",
-            (like,),
-        ).fetchall()
-        paused = [
-            str(r)
-            for (r,) in conn.execute(
-                "SELECT run_id FROM runledger.runs WHERE run_id LIKE %s AND status = 'paused' "
-                "ORDER BY run_id",
-                (like,),
-            ).fetchall()
-        ]
-        failed: dict[str, Any] = dict(
-            conn.execute(
-                "SELECT run_id, error FROM runledger.runs WHERE run_id LIKE %s "
-                "AND status NOT IN ('succeeded', 'paused') ORDER BY run_id",
-                (like,),
-            ).fetchall()
-        )
-        sample = conn.execute(
-            "SELECT run_id, result FROM runledger.runs WHERE run_id LIKE %s "
-            "AND status = 'succeeded' ORDER BY run_id LIMIT 1",
-            (like,),
-        ).fetchone()
+        batch = read_batch(conn, prefix)
+    calls = batch.calls
     tools = []
     for tool in SAFETY:
-        mine = [c for c in calls if c[1] == tool]
-        keys = [str(c[2]) for c in mine]
+        mine = [c for c in calls if c.tool == tool]
+        keys = [str(c.idempotency_key) for c in mine]
         tools.append(
             ToolLine(
                 tool=tool,
                 calls=len(mine),
-                sends=sum(int(c[4]) for c in mine),
+                sends=sum(int(c.attempts) for c in mine),
                 effects=sum(per_key[k] for k in keys),
                 duplicated=sum(per_key[k] > 1 for k in keys),
-                looked_up=sum(bool(c[5]) for c in mine),
-                unknown=sum(c[3] == "unknown" for c in mine),
+                looked_up=sum(bool(c.has_receipt) for c in mine),
+                unknown=sum(c.status == "unknown" for c in mine),
             )
         )
     unknown = [
         Unknown(
-            run_id=str(c[0]),
-            key=str(c[2]),
-            tool=str(c[1]),
-            to=str((c[6] or {}).get("to", "")),
-            effects=per_key[str(c[2])],
+            run_id=str(c.run_id),
+            key=str(c.idempotency_key),
+            tool=str(c.tool),
+            to=str((c.args or {}).get("to", "")),
+            effects=per_key[str(c.idempotency_key)],
         )
         for c in calls
-        if c[3] == "unknown"
+        if c.status == "unknown"
     ]
     with_unknown = {u.run_id for u in unknown}
     return Audit(
         runs=runs,
-        statuses=statuses,
-        takeovers=takeovers,
+        statuses=batch.statuses,
+        takeovers=batch.takeovers,
         tools=tools,
-        missing=[str(c[2]) for c in calls if c[3] == "succeeded" and not per_key[str(c[2])]],
+        missing=[
+            str(c.idempotency_key)
+            for c in calls
+            if c.status == "succeeded" and not per_key[str(c.idempotency_key)]
+        ],
         duplicated=sorted(k for k, n in per_key.items() if n > 1),
         unknown=unknown,
-        paused_without_unknown=[r for r in paused if r not in with_unknown],
-        failed=failed,
+        paused_without_unknown=[r for r in batch.paused if r not in with_unknown],
+        failed=batch.failed,
         broken_checks=[f.check.name for f in run_checks(url) if not f.ok],
-        sample=(str(sample[0]), sample[1]) if sample else None,
+        sample=batch.sample,
     )
 
 

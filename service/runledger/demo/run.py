@@ -24,8 +24,8 @@ from typing import Any
 
 import click
 import psycopg
-from psycopg.types.json import Jsonb
 
+from runledger.db import batch
 from runledger.db.migrate import upgrade
 from runledger.demo import HOLD_ENV, TURN, prompt_for
 from runledger.demo.cluster import (
@@ -168,12 +168,7 @@ def _play(
             kills += _kill_mid_call(conn, provider, pool, run_id, tool, say)
 
         def settled() -> bool:
-            row = conn.execute(
-                "SELECT count(*) FROM runledger.runs WHERE run_id LIKE %s "
-                "AND status IN ('succeeded', 'paused', 'failed', 'cancelled')",
-                (f"{plan.prefix}-%",),
-            ).fetchone()
-            return row is not None and int(row[0]) == o.runs
+            return batch.settled(conn, plan.prefix) == o.runs
 
         try:
             wait_for(settled, timeout=o.timeout, interval=0.1, what="every run settled")
@@ -201,10 +196,7 @@ def _kill_mid_call(
     workers = {pool.worker_id(i): i for i in range(len(pool.procs))}
     deadline = time.monotonic() + timeout
     while True:
-        row = conn.execute(
-            "SELECT status, lease_owner FROM runledger.runs WHERE run_id = %s", (run_id,)
-        ).fetchone()
-        status, owner = (str(row[0]), row[1]) if row else ("missing", None)
+        status, owner = batch.status_and_owner(conn, run_id) or ("missing", None)
         victim = workers.get(str(owner)) if status == "running" else None
         if victim is not None and pool.alive(victim):
             break
@@ -225,10 +217,7 @@ def _kill_mid_call(
 def _submit(
     conn: psycopg.Connection[Any], run_id: str, payload: dict[str, Any], priority: int
 ) -> None:
-    conn.execute(
-        "SELECT * FROM runledger.submit_run(%s, %s, '1', %s, %s)",
-        (run_id, FLOW, Jsonb(payload), priority),
-    )
+    batch.submit(conn, run_id, FLOW, "1", payload, priority)
 
 
 def _footer(
