@@ -1,4 +1,4 @@
-"""A real primary and a streaming standby from local binaries, for failover tests.
+"""A real primary and streaming standbys from local binaries, for failover tests.
 
 The primary is an ordinary throwaway cluster with WAL for a standby; the standby is a
 ``pg_basebackup -R`` copy streaming from it, asynchronously (no
@@ -8,6 +8,10 @@ reaches it: what a lagging asynchronous standby has not received when its primar
 :meth:`Pair.kill_primary` is ``pg_ctl stop -m immediate``; :meth:`Pair.promote` is
 ``pg_ctl promote -w``. As root the clusters run as the ``postgres`` user (PostgreSQL
 refuses root), like :func:`runledger.testing.postgres.start_cluster`.
+
+:func:`start_cluster` starts a primary with more standbys, named ``s1``, ``s2``, ...
+(their ``cluster_name``, which the walreceiver sends as ``application_name``), and
+optionally a ``synchronous_standby_names`` naming some of them.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
+from psycopg import sql
 
 from runledger.testing import wait_for
 from runledger.testing.postgres import NoPostgres
+
+C = TypeVar("C", bound="Cluster")
 
 BIN = Path(os.environ.get("RUNLEDGER_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
@@ -59,6 +66,7 @@ class Node:
     data: Path
     port: int
     log: Path
+    name: str | None = None  # cluster_name, the application_name it streams under
 
     @property
     def admin_url(self) -> str:
@@ -72,12 +80,12 @@ class Node:
 
 
 @dataclass
-class Pair:
-    """A primary and its asynchronous standby (both started)."""
+class Cluster:
+    """A primary and its streaming standbys (all started)."""
 
     base: Path
     primary: Node
-    standby: Node
+    standbys: list[Node]
     _user: pwd.struct_passwd | None = field(repr=False)
 
     # -- running the binaries --------------------------------------------------------
@@ -105,6 +113,8 @@ class Pair:
 
     def _start(self, node: Node) -> None:
         options = _OPTIONS.format(port=node.port, data=node.data)
+        if node.name is not None:
+            options += f" -c cluster_name={node.name}"
         self._run(
             str(BIN / "pg_ctl"),
             "-D",
@@ -118,6 +128,46 @@ class Pair:
             "60",
             "start",
         )
+
+    # -- replication -----------------------------------------------------------------
+
+    def replication(self) -> dict[str, tuple[str, str]]:
+        """``application_name`` -> (``state``, ``sync_state``) of ``pg_stat_replication``
+        on the primary."""
+        with self.primary.connect() as conn:
+            rows = conn.execute(
+                "SELECT application_name, state, sync_state FROM pg_stat_replication"
+            ).fetchall()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def kill_primary(self) -> None:
+        self._run(
+            str(BIN / "pg_ctl"), "-D", str(self.primary.data), "-m", "immediate", "-w", "stop"
+        )
+
+    def stop(self) -> None:
+        for node in (self.primary, *self.standbys):
+            if (node.data / "postmaster.pid").exists():
+                self._run(
+                    str(BIN / "pg_ctl"),
+                    "-D",
+                    str(node.data),
+                    "-m",
+                    "immediate",
+                    "-w",
+                    "stop",
+                    check=False,
+                )
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@dataclass
+class Pair(Cluster):
+    """A primary and its one asynchronous standby (both started)."""
+
+    @property
+    def standby(self) -> Node:
+        return self.standbys[0]
 
     # -- the failure -----------------------------------------------------------------
 
@@ -139,47 +189,31 @@ class Pair:
             conn.execute("SELECT pg_reload_conf()")
         wait_for(lambda: not self.streaming(), timeout=30, what="the walreceiver to stop")
 
-    def kill_primary(self) -> None:
-        self._run(
-            str(BIN / "pg_ctl"), "-D", str(self.primary.data), "-m", "immediate", "-w", "stop"
-        )
-
     def promote(self) -> None:
         self._run(str(BIN / "pg_ctl"), "-D", str(self.standby.data), "-w", "-t", "60", "promote")
 
-    def stop(self) -> None:
-        for node in (self.primary, self.standby):
-            if (node.data / "postmaster.pid").exists():
-                self._run(
-                    str(BIN / "pg_ctl"),
-                    "-D",
-                    str(node.data),
-                    "-m",
-                    "immediate",
-                    "-w",
-                    "stop",
-                    check=False,
-                )
-        shutil.rmtree(self.base, ignore_errors=True)
 
-
-def start_pair() -> Pair:
-    """initdb and start a primary, pg_basebackup -R a standby from it, start that, and
-    wait until it streams."""
+def _build(cls: type[C], standbys: list[str | None]) -> C:
+    """initdb and start a primary, pg_basebackup -R a standby from it for each of
+    ``standbys`` (its name, or None for one directory ``standby`` without a
+    cluster_name), and start them."""
     if not (BIN / "pg_basebackup").is_file():
         raise NoPostgres(f"no PostgreSQL binaries in {BIN} (set RUNLEDGER_TEST_PG_BIN)")
     user = _user()
     base = Path(tempfile.mkdtemp(prefix="runledger-failover-"))
     os.chmod(base, 0o755)
     primary = Node(base / "primary", _free_port(), base / "primary.log")
-    standby = Node(base / "standby", _free_port(), base / "standby.log")
-    pair = Pair(base, primary, standby, user)
+    nodes = [
+        Node(base / (name or "standby"), _free_port(), base / f"{name or 'standby'}.log", name)
+        for name in standbys
+    ]
+    cluster = cls(base, primary, nodes, user)
     try:
         primary.data.mkdir()
         if user is not None:
             for path in (base, primary.data):
                 os.chown(path, user.pw_uid, user.pw_gid)
-        pair._run(
+        cluster._run(
             str(BIN / "initdb"),
             "-D",
             str(primary.data),
@@ -191,25 +225,65 @@ def start_pair() -> Pair:
         )
         with (primary.data / "pg_hba.conf").open("a") as hba:
             hba.write("host replication all 127.0.0.1/32 trust\n")
-        pair._start(primary)
-        pair._run(
-            str(BIN / "pg_basebackup"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(primary.port),
-            "-U",
-            "postgres",
-            "-D",
-            str(standby.data),
-            "-R",
-            "-X",
-            "stream",
-            "--no-sync",
-        )
-        pair._start(standby)
+        cluster._start(primary)
+        for node in nodes:
+            cluster._run(
+                str(BIN / "pg_basebackup"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(primary.port),
+                "-U",
+                "postgres",
+                "-D",
+                str(node.data),
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            )
+            cluster._start(node)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def start_pair() -> Pair:
+    """initdb and start a primary, pg_basebackup -R a standby from it, start that, and
+    wait until it streams."""
+    pair = _build(Pair, [None])
+    try:
         wait_for(pair.streaming, timeout=30, what="the standby to stream")
     except BaseException:
         pair.stop()
         raise
     return pair
+
+
+def start_cluster(n_standbys: int = 2, sync: str | None = None) -> Cluster:
+    """A primary and ``n_standbys`` standbys named ``s1``, ``s2``, ..., and wait until
+    the primary sees every one streaming. With ``sync`` (e.g. ``'FIRST 1 (s1)'``) that is
+    the primary's ``synchronous_standby_names``, set once they stream, as an operator
+    (or Patroni) would; the caller waits for the ``sync_state`` it expects."""
+    names = [f"s{n}" for n in range(1, n_standbys + 1)]
+    cluster = _build(Cluster, [*names])
+    try:
+
+        def streaming() -> bool:
+            seen = cluster.replication()
+            return all(seen.get(name, ("", ""))[0] == "streaming" for name in names)
+
+        wait_for(streaming, timeout=30, what=f"{', '.join(names)} to stream")
+        if sync is not None:
+            with cluster.primary.connect() as conn:
+                conn.execute(
+                    sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
+                        sql.Literal(sync)
+                    )
+                )
+                conn.execute("SELECT pg_reload_conf()")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
