@@ -2,10 +2,11 @@
 hold, checked against the database a worker would use.
 
 Each check is a :class:`Result` with a status: ``ok``; ``warn``, a setting under which
-some guarantee does not hold (an asynchronous standby: a failover to it loses commits,
-see docs/failover.md); ``fail``, something a worker cannot work with (no connection, a
-standby, a schema behind). ``runledger doctor`` exits 3 when the database is unreachable or
-its schema missing or behind this code, else 1 when any check is not ``ok``.
+some guarantee does not hold (no synchronous standby: a failover to an asynchronous one
+can lose commits, see docs/failover.md); ``fail``, something a worker cannot work with (no
+connection, a standby, a schema behind). ``runledger doctor`` exits 3 when the database is
+unreachable or its schema missing or behind this code, else 1 when any check is not
+``ok``.
 Read-only: nothing is written.
 
 The checks: the connection; the server (version, primary or standby); the schema
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,39 +98,52 @@ def schema(conn: psycopg.Connection[diagnosis.Row]) -> Result:
     return Result("schema", OK, f"revision {revision} (head)", data)
 
 
-def replication(conn: psycopg.Connection[diagnosis.Row]) -> Result:
-    """Standbys and how commits wait for them: a failover to a standby that is not
-    synchronous (or with ``synchronous_commit`` below ``on``) can lose commits."""
-    settings, standbys = diagnosis.replication_facts(conn)
-    data = {
+SYNC_STATES = ("sync", "quorum")  # pg_stat_replication.sync_state of a synchronous standby
+STRONG_COMMITS = ("on", "remote_write", "remote_apply")  # commits wait for the standby
+
+
+def _standby_name(row: Mapping[str, Any]) -> str:
+    return f"{row['application_name'] or row['client_addr']} ({row['sync_state']})"
+
+
+def judge_replication(
+    settings: Mapping[str, Any], standbys: Sequence[Mapping[str, Any]]
+) -> tuple[str, str, dict[str, Any]]:
+    """The replication check's status, line and data from ``synchronous_standby_names``
+    (``names``) and ``synchronous_commit`` (``commit``) and the rows of
+    ``pg_stat_replication``: a pure function, for the table of cases in the tests.
+
+    A standby in ``sync`` or ``quorum`` state is synchronous; one in ``async`` or
+    ``potential`` (an asynchronous one next in line to become synchronous) is not. One
+    synchronous standby that commits wait for (``synchronous_commit`` ``on``,
+    ``remote_write`` or ``remote_apply``) is enough: a failover must then go to it, as
+    Patroni's ``synchronous_mode`` does, and loses no acknowledged commit."""
+    data: dict[str, Any] = {
         "synchronous_standby_names": settings["names"],
         "synchronous_commit": settings["commit"],
-        "standbys": standbys,
+        "standbys": list(standbys),
     }
     if not standbys:
-        return Result(
-            "replication",
+        return (
             OK,
             "no streaming standby: nothing to fail over to (a restore from backup is a "
             "failover too, see docs/failover.md)",
             data,
         )
-    hidden = [s for s in standbys if s["sync_state"] is None]
-    if hidden:
-        return Result(
-            "replication",
+    if any(s["sync_state"] is None for s in standbys):
+        return (
             WARN,
             f"{len(standbys)} standby(s), their sync state is hidden from this role "
             "(grant it pg_monitor to see it)",
             data,
         )
-    unsafe = [s for s in standbys if s["sync_state"] not in ("sync", "quorum")]
-    names = ", ".join(
-        f"{s['application_name'] or s['client_addr']} ({s['sync_state']})" for s in standbys
-    )
-    if unsafe:
-        return Result(
-            "replication",
+    sync = [s for s in standbys if s["sync_state"] in SYNC_STATES]
+    other = [s for s in standbys if s["sync_state"] not in SYNC_STATES]
+    data["synchronous"] = [_standby_name(s) for s in sync]
+    data["asynchronous"] = [_standby_name(s) for s in other]
+    if not sync:
+        names = ", ".join(data["asynchronous"])
+        return (
             WARN,
             f"asynchronous standby(s): {names}. A failover to one of them can lose the last "
             "commits; runledger then grants no token twice and sends nothing as new that "
@@ -137,15 +151,40 @@ def replication(conn: psycopg.Connection[diagnosis.Row]) -> Result:
             "found by lookup (docs/failover.md). Use synchronous_standby_names",
             data,
         )
-    if settings["commit"] in ("off", "local"):
-        return Result(
-            "replication",
+    line = f"synchronous standby(s): {', '.join(data['synchronous'])}"
+    if settings["commit"] not in STRONG_COMMITS:
+        if other:
+            line += f"; asynchronous standby(s): {', '.join(data['asynchronous'])}"
+        return (
             WARN,
-            f"synchronous standby(s) {names}, but synchronous_commit = {settings['commit']}: "
-            "commits do not wait for them",
+            f"{line}, but synchronous_commit = {settings['commit']}: commits do not wait "
+            "for the synchronous standby(s)",
             data,
         )
-    return Result("replication", OK, f"synchronous standby(s): {names}", data)
+    if other:
+        line += f"; asynchronous standby(s): {', '.join(data['asynchronous'])}"
+        if any(s["sync_state"] == "potential" for s in other):
+            line += " (a potential one becomes synchronous if a synchronous one goes)"
+        line += (
+            ". A failover must go to a synchronous standby, as Patroni's synchronous_mode "
+            "does: a promoted asynchronous one can lack the last commits (docs/failover.md)"
+        )
+    elif not any(s["sync_state"] == "quorum" for s in sync):
+        line += ". A failover to any of them loses no acknowledged commit"
+    if any(s["sync_state"] == "quorum" for s in sync):
+        line += (
+            "; with quorum commit (ANY) only the standby that received the most is sure "
+            "to hold every acknowledged commit: promote that one"
+        )
+    return OK, line, data
+
+
+def replication(conn: psycopg.Connection[diagnosis.Row]) -> Result:
+    """Standbys and how commits wait for them: a failover to a standby that is not
+    synchronous (or with ``synchronous_commit`` below ``on``) can lose commits."""
+    settings, standbys = diagnosis.replication_facts(conn)
+    status, detail, data = judge_replication(settings, standbys)
+    return Result("replication", status, detail, data)
 
 
 def timelines(conn: psycopg.Connection[diagnosis.Row]) -> Result:
