@@ -129,7 +129,12 @@ class ConfigurationError(RunLedgerError):
     """Settings are missing or inconsistent (for example no database URL)."""
 
 
-class DirectoryNotEmpty(RunLedgerError):
+class ProjectNotWritten(RunLedgerError):
+    """``runledger init DIR``: the starter project cannot be written there (a parent that
+    is not a directory, no permission)."""
+
+
+class DirectoryNotEmpty(ProjectNotWritten):
     """``runledger init DIR``: DIR exists and holds something, or is not a directory (the
     starter project is written only into a new or empty directory)."""
 

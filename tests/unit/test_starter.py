@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runledger.errors import DirectoryNotEmpty
+from runledger.errors import DirectoryNotEmpty, ProjectNotWritten
 from runledger.starter import project_name, templates, write_project
 
 FILES = ["README.md", "clients.py", "conftest.py", "flows.py", "pyproject.toml", "test_flows.py"]
@@ -87,3 +87,21 @@ def test_the_command_refuses_a_non_empty_directory_in_one_line_exit_2(tmp_path: 
     assert written.returncode == 0, written
     assert sorted(p.name for p in tmp_path.iterdir()) == FILES
     assert "pytest" in written.stdout
+
+
+def test_a_directory_that_cannot_be_made_is_one_line_exit_2(tmp_path: Path) -> None:
+    """Under a file: mkdir fails. One line, exit 2, no traceback, nothing written."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(ProjectNotWritten, match="cannot make"):
+        write_project(a_file / "bot")
+    refused = subprocess.run(
+        [sys.executable, "-m", "runledger", "init", str(a_file / "bot")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2, refused
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith("error: ") and "cannot make" in refused.stderr
+    assert a_file.read_text() == "mine"

@@ -98,7 +98,7 @@ def init(directory: str) -> None:
 
     try:
         written = write_project(directory)
-    except errors.DirectoryNotEmpty as exc:
+    except errors.ProjectNotWritten as exc:
         raise click.BadParameter(str(exc), param_hint="'DIR'") from None
     click.echo(f"wrote {', '.join(p.name for p in written)} in {directory}")
     click.echo(f"next: cd {directory} && pip install 'runledger-pg[testing]' && pytest")

@@ -14,7 +14,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from runledger.errors import DirectoryNotEmpty
+from runledger.errors import DirectoryNotEmpty, ProjectNotWritten
 
 SUFFIX = ".tmpl"
 
@@ -42,7 +42,8 @@ def write_project(directory: str | os.PathLike[str]) -> list[Path]:
 
     Raises :class:`~runledger.errors.DirectoryNotEmpty`, writing nothing, when
     ``directory`` exists and holds anything, or is not a directory: the starter never
-    writes over a file.
+    writes over a file; :class:`~runledger.errors.ProjectNotWritten` when it cannot be
+    made (a parent that is a file, no permission).
     """
     target = Path(directory)
     if target.exists() and not target.is_dir():
@@ -51,7 +52,10 @@ def write_project(directory: str | os.PathLike[str]) -> list[Path]:
         raise DirectoryNotEmpty(
             f"{target} is not empty: runledger init writes into a new or empty directory"
         )
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProjectNotWritten(f"cannot make {target}: {exc.strerror}") from None
     name = project_name(target)
     written = []
     for file_name, text in templates().items():
