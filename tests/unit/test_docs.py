@@ -19,6 +19,7 @@ else from the revisions (migrations/versions/*.sql). Checked:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -333,6 +334,32 @@ def test_retired_functions_are_history_not_contract() -> None:
     history = HISTORY.read_text(encoding="utf-8")
     untold = sorted(n for n in RETIRED if f"`{n}`" not in history)
     assert not untold, f"docs/history.md does not tell of the retired functions: {untold}"
+
+
+def versions_by_name(names: Iterable[str]) -> dict[str, list[str]]:
+    """``{base name: [its live versions]}``: ``claim_runs_v4`` is a version of ``claim_runs``."""
+    found: dict[str, set[str]] = {}
+    for name in names:
+        found.setdefault(re.sub(r"_v[0-9]+$", "", name), set()).add(name)
+    return {base: sorted(versions) for base, versions in sorted(found.items())}
+
+
+def test_at_most_two_versions_of_a_function_are_live() -> None:
+    """CONTRIBUTING.md, "Function versions": ``name_v2`` in release N, the old name dropped
+    in release N+1, so no name has more than two live versions."""
+    many = {
+        base: versions
+        for base, versions in versions_by_name(f.name for f in public_functions()).items()
+        if len(versions) > 2
+    }
+    assert many == {}, f"more than two live versions of a function: {many}"
+
+
+def test_the_version_count_sees_suffixes() -> None:
+    assert versions_by_name(["claim_runs", "claim_runs_v2", "claim_runs_v3", "now"]) == {
+        "claim_runs": ["claim_runs", "claim_runs_v2", "claim_runs_v3"],
+        "now": ["now"],
+    }
 
 
 def test_no_signature_documented_twice() -> None:
