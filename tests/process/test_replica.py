@@ -53,6 +53,8 @@ class Standby:
 
 
 def _replayed(standby_url: str, lsn: str) -> bool:
+    """Whether the standby has replayed up to ``lsn``: asked of its ``postgres`` database,
+    which exists before the standby has replayed the test's CREATE DATABASE."""
     with psycopg.connect(standby_url, autocommit=True, connect_timeout=5) as conn:
         row = conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()
     return bool(row and row[0])
@@ -75,8 +77,9 @@ def standby() -> Iterator[Standby]:
             helpers.submit(conn, "r-queued")
             row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
             assert row is not None
+        replay = pair.standby.url("postgres")
+        wait_for(lambda: _replayed(replay, row[0]), timeout=30, what="the standby to replay")
         url = pair.standby.url("replica")
-        wait_for(lambda: _replayed(url, row[0]), timeout=30, what="the standby to replay")
         yield Standby(pair, url, unknown, (first, second))
     finally:
         pair.stop()
