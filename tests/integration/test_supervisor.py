@@ -323,3 +323,47 @@ async def test_a_helper_stops_when_cancelled_as_its_statement_returns(
     done, _ = await asyncio.wait({task}, timeout=10)
     assert task in done, f"{helper} went on after {len(returned)} cancelled statements"
     assert task.cancelled() and returned == [True]
+
+
+@pytest.mark.parametrize(
+    ("helper", "statement"),
+    [("lease-keeper", "heartbeat_worker"), ("checkpointer", "checkpoint_events")],
+)
+async def test_a_helper_stops_when_a_callee_swallows_its_cancel(
+    start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch, helper: str, statement: str
+) -> None:
+    """As Python 3.11's ``asyncio.wait_for`` does (psycopg_pool's ``getconn`` uses it), a
+    callee that gets the cancel as its wait completes returns its result and drops the
+    CancelledError: the request stays counted, and the helper must still end (CI saw a
+    worker whose checkpointer went on after its stop)."""
+    monkeypatch.setattr(process, "CHECKPOINT_EVERY", 0.3)
+    flow = Flow("swallowed", "1")
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        return []
+
+    w = await start_worker(flow, worker_id="swallowed", lease_seconds=0.9)
+    await w.started()
+    task = _helper(helper)
+    store = w.worker.store
+    assert store is not None
+    registry = store.registry
+    real = getattr(registry, statement)
+    swallowed: list[bool] = []
+
+    async def swallows_the_cancel(*args: Any, **kwargs: Any) -> Any:
+        value = await real(*args, **kwargs)
+        if not swallowed:
+            task.cancel()  # the stop's cancel, arriving as the wait completes ...
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:  # ... and dropped, as wait_for does on 3.11
+                swallowed.append(True)
+        return value
+
+    monkeypatch.setattr(registry, statement, swallows_the_cancel)
+    done, _ = await asyncio.wait({task}, timeout=10)
+    assert swallowed == [True]
+    assert task in done, f"{helper} went on after its cancel was swallowed"
+    assert task.cancelled()

@@ -395,6 +395,7 @@ class Worker(Listening, Claiming):
         interval = self.lease_seconds / 3
         while True:
             await asyncio.sleep(interval)
+            _stop_if_cancelled()
             held = list(self.active.values())
             sent = time.monotonic()
             # asyncio.timeout, not wait_for: on 3.11, wait_for returns the result of a
@@ -441,6 +442,7 @@ class Worker(Listening, Claiming):
         every = dt.timedelta(seconds=CHECKPOINT_EVERY)
         while True:
             await asyncio.sleep(CHECKPOINT_EVERY)
+            _stop_if_cancelled()
             try:
                 # a backlog's checkpoint (500,000 events at most) takes seconds; a timeout
                 # scope, not wait_for, as in _keeper: a cancellation is never swallowed
@@ -487,3 +489,14 @@ class Worker(Listening, Claiming):
         )
         if active.task is not None and not active.task.done():
             active.task.cancel()
+
+
+def _stop_if_cancelled() -> None:
+    """End a helper loop whose cancellation a callee swallowed. On Python 3.11 a wait that
+    completes as its task is cancelled (``asyncio.wait_for``, also inside psycopg_pool's
+    ``getconn`` when a connection is handed over at that moment) returns its result and
+    drops the CancelledError, but the request stays counted (``Task.cancelling()``): the
+    keeper and the checkpointer, which end only by cancellation, check it every turn."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
