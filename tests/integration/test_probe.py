@@ -44,6 +44,17 @@ async def _blocked_probe(watch: psycopg.AsyncConnection[object]) -> int:
     raise AssertionError("the probe never waited on the version table")
 
 
+async def _gone(watch: psycopg.AsyncConnection[object], pid: int) -> None:
+    """Wait until backend ``pid`` has left pg_stat_activity: a terminated backend stays
+    listed, still waiting on its lock, until it has handled the signal."""
+    for _ in range(400):
+        cur = await watch.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+        if await cur.fetchone() is None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"backend {pid} was terminated but never exited")
+
+
 async def test_a_connection_ended_during_the_check_is_opened_again(database_url: str) -> None:
     connect = psycopg.AsyncConnection.connect
     async with (
@@ -54,8 +65,10 @@ async def test_a_connection_ended_during_the_check_is_opened_again(database_url:
         checking = asyncio.create_task(probe(database_url, timeout=20, application_name=NAME))
         first = await _blocked_probe(watch)
         await watch.execute("SELECT pg_terminate_backend(%s)", (first,))
+        await _gone(watch, first)
         second = await _blocked_probe(watch)  # a new connection, waiting again
         assert second != first
+        assert not checking.done()  # the probe did not give up on the ended connection
         await admin.execute("COMMIT")
         await asyncio.wait_for(checking, timeout=20)  # no error: the schema is fine
 
