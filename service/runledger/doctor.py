@@ -198,9 +198,30 @@ def timelines(conn: psycopg.Connection[diagnosis.Row]) -> Result:
         "timeline",
         OK,
         f"timeline {now}; {len(failovers)} failover(s) recorded, the last to timeline "
-        f"{last['timeline']} at {last['seen_at']} ({last['affected_runs']} runs affected: "
-        "`runledger audit` lists them)",
+        f"{last['timeline']} at {last['seen_at']}: {failover_case(last)}",
         data,
+    )
+
+
+def failover_case(row: dict[str, Any]) -> str:
+    """Which failover it was, and why runledger judged so (docs/failover.md)."""
+    guarantee = (row.get("evidence") or {}).get("commit_guarantee")
+    if guarantee is None:
+        why = "no claim had recorded how commits were acknowledged"
+    else:
+        why = (
+            f"synchronous_commit {guarantee['synchronous_commit']}, "
+            f"synchronous_standby_names '{guarantee['synchronous_standby_names']}'"
+            f" (seen {guarantee['seen_at']})"
+        )
+    if row.get("lossless"):
+        return (
+            f"lossless ({why}: every acknowledged commit was on every synchronous standby); "
+            f"{row['affected_runs']} lease(s) ended, no run doubted"
+        )
+    return (
+        f"may have lost commits ({why}); {row['affected_runs']} unfinished run(s) recovered "
+        "as possibly sent: `runledger audit` lists them"
     )
 
 

@@ -84,3 +84,37 @@ async def test_a_failover_is_reported_with_its_runs(
     result = CliRunner().invoke(main, ["audit", "--database-url", database_url])
     assert result.exit_code == 1
     assert "FAIL failover" in result.output
+
+
+async def test_a_lossless_failover_is_not_a_violation(
+    store: Store, database_url: str, admin_conn: psycopg.Connection[Any]
+) -> None:
+    """The claims had seen every commit wait for the one synchronous standby: the
+    promotion lost nothing the audit could miss, so it is not listed; a later failover
+    without that evidence is."""
+    await _one_finished_run(store)
+    admin_conn.execute("SELECT * FROM runledger.submit_run('aud-open', 'demo', '1', '{}'::jsonb)")
+    admin_conn.execute(
+        "INSERT INTO runledger.commit_guarantees SELECT coalesce(max(position), 0) + 1, "
+        "'on', 'n2', true, runledger._timeline(), now(), 'w0' FROM runledger.commit_guarantees"
+    )
+    admin_conn.execute(
+        "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "VALUES (2, runledger._timeline() + 1, now())"
+    )
+    admin_conn.execute("SELECT * FROM runledger.claim_runs_v4('w1', '{other@1}', '30 s', 1)")
+    lossless = admin_conn.execute(
+        "SELECT position, lossless FROM runledger.timelines WHERE position > 1 ORDER BY 1"
+    ).fetchall()
+    assert lossless == [(2, None), (3, True)]
+    failover = {f.check.name: f for f in run_checks(database_url)}["failover"]
+    assert [r["position"] for r in failover.rows] == [2]  # only the row the test added
+    # the claim noted this server's own guarantee (no standby): the next failover is lossy
+    admin_conn.execute(
+        "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "VALUES (4, runledger._timeline() + 2, now())"
+    )
+    admin_conn.execute("SELECT * FROM runledger.claim_runs_v4('w1', '{other@1}', '30 s', 1)")
+    failover = {f.check.name: f for f in run_checks(database_url)}["failover"]
+    rows = [(r["position"], r["lossless"]) for r in failover.rows]
+    assert rows == [(2, None), (4, None), (5, False)]

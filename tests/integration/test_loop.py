@@ -467,7 +467,9 @@ async def test_call_in_flight_when_its_worker_died_is_recovered_by_safety_class(
         assert rec.tool_calls == []
         assert (call["status"], call["attempts"]) == ("unknown", 1)
         assert call["error"] == {
-            "reason": "in flight when its worker stopped; unsafe to repeat",
+            # the ghost said nothing before its lease ran out: it may still be running
+            "reason": "in flight when its worker lost the run: its lease ended without word "
+            "from it; unsafe to repeat",
             "attempts": 1,
         }
         assert rec.policy_turns == []

@@ -60,7 +60,13 @@ QUERIES: dict[str, str] = {
     """,
     # attoptions without pg_attver=..., a per-database stamp some builds add to every column
     "columns": f"""
-        SELECT c.relname || '.' || a.attname, a.attnum, format_type(a.atttypid, a.atttypmod),
+        SELECT c.relname || '.' || a.attname,
+               -- the column's place among the live ones: a column a downgrade dropped and
+               -- an upgrade added again leaves a hole in attnum, not in the order
+               (SELECT count(*) FROM pg_attribute b
+                WHERE b.attrelid = a.attrelid AND b.attnum > 0 AND b.attnum <= a.attnum
+                  AND NOT b.attisdropped),
+               format_type(a.atttypid, a.atttypmod),
                a.attnotnull, pg_get_expr(d.adbin, d.adrelid), a.attidentity::text,
                a.attgenerated::text, coalesce(co.collname, ''), a.attstattarget,
                array_to_string(ARRAY(SELECT o FROM unnest(a.attoptions) o

@@ -487,6 +487,8 @@ UNPINNED = {
     "runledger._dispatch_each(runledger.runs,integer,text[],timestamp with time zone,bigint)",
     "runledger._timeline()",
     "runledger._token_floor()",
+    "runledger._synchronous(text,text)",
+    "runledger._note_commit_guarantee(text,timestamp with time zone,integer)",
     "runledger._note_timeline(text,timestamp with time zone)",
     "runledger._requeue_if_settled(runledger.runs,text,text,timestamp with time zone)",
     "runledger._lock_awaiting_call(text)",

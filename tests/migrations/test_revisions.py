@@ -20,7 +20,7 @@ from runledger.cli import main
 from runledger.db import migrate, schema
 from tests.migrations.helpers import MIGRATIONS, ROOT, query, schema_snapshot
 
-HEAD = "0.1"
+HEAD = "0.2"
 
 
 def _script() -> ScriptDirectory:
@@ -86,6 +86,7 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_database_url: str) -> None:
         "prune_authorizations",
         "timelines",
         "failover_runs",
+        "commit_guarantees",  # revision 0.2
         "event_checkpoints",  # revision 0016
         "event_checkpoint_heads",
         "event_chain_prunes",
@@ -273,7 +274,14 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         assert "runledger/_migrations/env.py" in names
-        for revision in ("0_1_baseline.py", "0_1_baseline.sql", "0_1_baseline.down.sql"):
+        for revision in (
+            "0_1_baseline.py",
+            "0_1_baseline.sql",
+            "0_1_baseline.down.sql",
+            "0_2.py",
+            "0_2.sql",
+            "0_2.down.sql",
+        ):
             assert f"runledger/_migrations/versions/{revision}" in names
         # what migrations/env.py runs on a database of the last revision before the baseline
         assert "runledger/_migrations/versions/0_1_baseline.from_0032.sql" in names

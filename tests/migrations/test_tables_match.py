@@ -34,6 +34,7 @@ TABLES = {
     "prune_authorizations",
     "timelines",
     "failover_runs",
+    "commit_guarantees",  # revision 0.2
     "event_checkpoints",  # revision 0016
     "event_checkpoint_heads",
     "event_chain_prunes",

@@ -79,6 +79,8 @@ def test_crash_window(row: Row) -> None:
         tool=row.tool,
         max_attempts=MAX_ATTEMPTS,
         attempts=world.attempts,
+        # the first worker was killed: the next one found its process gone
+        sender_ended="process_gone",
     )
     steps: list[Step] = []
     while len(steps) < 10:
@@ -210,7 +212,48 @@ TABLE: list[tuple[str, Known, Step]] = [
         "in flight unsafe",
         k(Window.IN_FLIGHT, UNSAFE, attempts=2),
         MarkUnknown(
+            {"reason": "in flight when its worker lost the run; unsafe to repeat", "attempts": 2}
+        ),
+    ),
+    # the pause says only what is known of the earlier sender: "stopped" once its process
+    # was found gone, else how its send ended
+    (
+        "in flight unsafe, its sender's process gone",
+        k(Window.IN_FLIGHT, UNSAFE, attempts=2, sender_ended="process_gone"),
+        MarkUnknown(
             {"reason": "in flight when its worker stopped; unsafe to repeat", "attempts": 2}
+        ),
+    ),
+    (
+        "in flight unsafe, its sender's lease ran out without a word",
+        k(Window.IN_FLIGHT, UNSAFE, attempts=2, sender_ended="lease_expired"),
+        MarkUnknown(
+            {
+                "reason": "in flight when its worker lost the run: its lease ended without "
+                "word from it; unsafe to repeat",
+                "attempts": 2,
+            }
+        ),
+    ),
+    (
+        "in flight unsafe, its sender's tool raised",
+        k(Window.IN_FLIGHT, UNSAFE, attempts=1, sender_ended="raised"),
+        MarkUnknown(
+            {
+                "reason": "in flight when its worker lost the run: its tool raised; "
+                "unsafe to repeat",
+                "attempts": 1,
+            }
+        ),
+    ),
+    (
+        "in flight unsafe after a failover that may have lost its dispatch",
+        k(Window.IN_FLIGHT, UNSAFE, attempts=1, failover=True, sender_ended="lease_expired"),
+        MarkUnknown(
+            {
+                "reason": "may have been sent on the timeline a failover lost; unsafe to repeat",
+                "attempts": 1,
+            }
         ),
     ),
     (

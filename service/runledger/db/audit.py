@@ -79,18 +79,23 @@ CHECKS: tuple[Check, ...] = (
              FROM runledger.run_events WHERE fencing_token IS NOT NULL) e
            WHERE fencing_token < previous""",
     ),
-    # Revision 0010. Not a broken invariant of the rows here, but what they cannot show:
-    # commits of the old timeline after last_replay_at may be lost, and with them any
-    # dispatch, result or event this audit would have checked (docs/failover.md).
+    # Not a broken invariant of the rows here, but what they cannot show: commits of the
+    # old timeline after last_replay_at may be lost, and with them any dispatch, result or
+    # event this audit would have checked (docs/failover.md). A failover that could lose
+    # no acknowledged commit (lossless: the evidence says how the commits were
+    # acknowledged) leaves nothing unseen and is not listed; `runledger doctor` lists both.
     Check(
         "failover",
-        "the database never changed timeline (each row is a promotion or a restore that "
-        "may have lost commits; its runs were recovered as possibly sent)",
+        "the database never changed timeline in a way that may have lost commits (each row "
+        "is a promotion or a restore without evidence that every acknowledged commit "
+        "survived; its runs were recovered as possibly sent)",
         """SELECT t.position, t.previous_timeline, t.timeline, t.seen_at, t.seen_by,
                   t.last_replay_at, t.last_event_id, t.max_token, t.affected_runs,
+                  t.lossless, t.evidence,
                   ARRAY(SELECT f.run_id FROM runledger.failover_runs f
                         WHERE f.position = t.position ORDER BY f.run_id LIMIT 100) AS runs
-           FROM runledger.timelines t WHERE t.position > 1 ORDER BY t.position""",
+           FROM runledger.timelines t WHERE t.position > 1 AND t.lossless IS NOT TRUE
+           ORDER BY t.position""",
     ),
 )
 

@@ -80,8 +80,8 @@ def replication_facts(conn: Conn) -> tuple[Row, list[Row]]:
 def timeline_facts(conn: Conn) -> tuple[list[Row], int]:
     """The timelines runledger has seen, in order, and the server's timeline now."""
     rows = conn.execute(
-        "SELECT position, timeline, previous_timeline, seen_at, affected_runs "
-        "FROM runledger.timelines ORDER BY position"
+        "SELECT position, timeline, previous_timeline, seen_at, affected_runs, lossless, "
+        "evidence FROM runledger.timelines ORDER BY position"
     ).fetchall()
     now = _one(
         conn,

@@ -280,8 +280,24 @@ timelines: Final = Table(
     Column("last_event_id", BigInteger, nullable=True),
     Column("max_token", BigInteger, nullable=True),
     Column("affected_runs", Integer, nullable=False, server_default=text("0")),
+    Column("lossless", Boolean, nullable=True),  # 0.2: could it lose an acknowledged commit
+    Column("evidence", JSONB, nullable=True),  # 0.2: the commit_guarantees row it judged by
     PrimaryKeyConstraint("position"),
     CheckConstraint("timeline >= 1", name="timeline"),
+)
+
+# Revision 0.2: how the workers' commits were acknowledged, as their claims saw it.
+commit_guarantees: Final = Table(
+    "commit_guarantees",
+    metadata,
+    Column("position", Integer, nullable=False, autoincrement=False),
+    Column("synchronous_commit", Text, nullable=False),
+    Column("synchronous_standby_names", Text, nullable=False),
+    Column("synchronous", Boolean, nullable=False),
+    Column("timeline", Integer, nullable=False),
+    Column("seen_at", _tstz(), nullable=False),
+    Column("seen_by", Text, nullable=True),
+    PrimaryKeyConstraint("position"),
 )
 
 failover_runs: Final = Table(
@@ -345,6 +361,7 @@ __all__ = [
     "RUN_STATUSES",
     "SCHEMA",
     "TRACEPARENT_PATTERN",
+    "commit_guarantees",
     "event_chain_prunes",
     "event_checkpoint_heads",
     "event_checkpoints",

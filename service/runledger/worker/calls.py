@@ -18,7 +18,7 @@ from typing import Any
 
 from runledger import errors
 from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke, using_tool_context
-from runledger.model import Approval, Call, CallStatus, Outcome, evolve
+from runledger.model import Approval, Call, CallSender, CallStatus, Outcome, evolve
 from runledger.worker import recovery, tracing
 from runledger.worker.crash import CrashPoints
 from runledger.worker.liveness import process_gone
@@ -67,6 +67,18 @@ def sent_earlier(active: ActiveRun, call: Call) -> bool:
         call.status is CallStatus.DISPATCHED
         and call.dispatched_token is not None
         and call.dispatched_token < active.claim.fencing_token
+    )
+
+
+def _sender_gone(seen: CallSender) -> bool:
+    """Whether the process that sent the call (as its worker registered it, before the
+    send) is found gone on this host (:func:`runledger.worker.liveness.process_gone`)."""
+    return (
+        seen.process is not None
+        and seen.registered_at is not None
+        and seen.dispatched_at is not None
+        and seen.registered_at <= seen.dispatched_at  # the process that sent it
+        and process_gone(seen.process)
     )
 
 
@@ -453,6 +465,9 @@ class Calls:
                 return evolve(known, sender_active=False), (None, None)
             if seen.until is None:
                 released = seen.released or {}
+                ended = released.get("ended")
+                if ended is None:  # its lease ran out without a word: was it its process?
+                    ended = "process_gone" if _sender_gone(seen) else "lease_expired"
                 log.info(
                     "the call's earlier sender is done with it",
                     extra={
@@ -461,7 +476,12 @@ class Calls:
                         "ended": released.get("ended", "its lease expired"),
                     },
                 )
-                fresh = evolve(known, sender_active=False, looked_up=LookedUp.NOT_ASKED)
+                fresh = evolve(
+                    known,
+                    sender_active=False,
+                    looked_up=LookedUp.NOT_ASKED,
+                    sender_ended=str(ended),
+                )
                 if released.get("ended") == "not_sent":  # certainly not sent: send it
                     return evolve(fresh, window=Window.PLANNED), (None, None)
                 if released.get("ended") == "returned" and "result" in released:
@@ -471,13 +491,7 @@ class Calls:
                         receipt if isinstance(receipt, dict) else None,
                     )
                 return fresh, (None, None)
-            if (
-                seen.process is not None
-                and seen.registered_at is not None
-                and seen.dispatched_at is not None
-                and seen.registered_at <= seen.dispatched_at  # the process that sent it
-                and process_gone(seen.process)
-            ):
+            if _sender_gone(seen):
                 gone = {"ended": "process_gone", "process": seen.process}
                 await store.release_call(
                     c.run_id,

@@ -114,6 +114,10 @@ class Known:
     # in flight from an earlier holder that may still be sending it: a lookup cannot see
     # a request still on its way, and a second send may land beside it (docs/leases.md)
     sender_active: bool = False
+    # how that earlier sender's send ended, once it could no longer be sending: what its
+    # release said ("process_gone", "raised", "cancelled", ...), or "lease_expired" when
+    # it said nothing before its lease ran out; None when no earlier sender was waited for
+    sender_ended: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,10 +235,10 @@ def _in_flight(k: Known) -> Step:
     if k.sender_active and k.safety is not Safety.READ_ONLY:
         return AwaitSender()
     if k.safety is Safety.UNSAFE:
-        why = "in flight when its worker stopped; unsafe to repeat"
+        why = f"in flight when its worker {_LOST.get(k.sender_ended or '', _LOST[''])}"
         if k.failover:
-            why = "may have been sent on the timeline a failover lost; unsafe to repeat"
-        return MarkUnknown({"reason": why, "attempts": k.attempts})
+            why = "may have been sent on the timeline a failover lost"
+        return MarkUnknown({"reason": f"{why}; unsafe to repeat", "attempts": k.attempts})
     if k.safety is Safety.LOOKUP:
         asked = _ask(k)
         if asked is not None:
@@ -242,6 +246,18 @@ def _in_flight(k: Known) -> Step:
     # idempotent: the provider deduplicates the key; read_only: no effect;
     # lookup: the provider says the key did not take effect
     return Dispatch()
+
+
+# What a pause reason says of the earlier sender of an unsafe call found in flight: only
+# what is known. A worker "stopped" only when its process was found gone; a worker that
+# lost its connection, or its lease, may still be running.
+_LOST = {
+    "process_gone": "stopped",
+    "lease_expired": "lost the run: its lease ended without word from it",
+    "raised": "lost the run: its tool raised",
+    "cancelled": "lost the run: its tool was cancelled",
+    "": "lost the run",
+}
 
 
 def _ambiguous(k: Known) -> Step:

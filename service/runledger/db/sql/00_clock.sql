@@ -9,7 +9,7 @@
 --   00_clock.sql     schema runledger; settings (one row: payload cap, test clock offset,
 --                    JSON depth limit); runledger.now(), the only clock
 --   01_tables.sql    runs, run_turns, run_calls, run_events, workers, prune_authorizations,
---                    timelines and failover_runs (failover); event_checkpoints,
+--                    timelines, failover_runs, commit_guarantees (failover); event_checkpoints,
 --                    event_checkpoint_heads, event_chain_prunes (the event chains);
 --                    their indexes
 --   02_helpers.sql   internal helpers, granted to no one: _raise; _cap (every cap on a text
@@ -20,7 +20,8 @@
 --                    _refuse_event_isolation, _event_hash and _checkpoint_digest (the
 --                    event chains); _notify_queued; locks (_lock_run, _lock_leased_run,
 --                    _lock_leased_run_at, _lock_call); _dispatch, _dispatch_each;
---                    timelines (_timeline, _token_floor)
+--                    timelines (_timeline, _token_floor, _synchronous,
+--                    _note_commit_guarantee)
 --   03_leases.sql    submit_run, submit_run_v2, _note_timeline (failover detection), _claim
 --                    (the body of the claim), _gone_sessions (session locks),
 --                    claim_runs_v4, renew_leases, release_lease (3 and 5 arguments);

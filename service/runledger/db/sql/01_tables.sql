@@ -386,7 +386,10 @@ CREATE TABLE runledger.prune_authorizations (
 -- added by the first claim that finds the server on another timeline than the last row
 -- says: a promotion (or a restore) that may have lost commits. It records what survived
 -- (the last event, the greatest token, the last commit replayed before the promotion) and
--- how many unfinished runs were affected. See docs/failover.md.
+-- how many unfinished runs were affected. lossless: whether the commits before the
+-- promotion were acknowledged only once every synchronous standby had them, as the last
+-- row of commit_guarantees says (evidence: that row); NULL for position 1. A lossless
+-- failover ends the leases of the old timeline and doubts nothing. See docs/failover.md.
 CREATE TABLE runledger.timelines (
     position integer NOT NULL,
     timeline integer NOT NULL,
@@ -397,8 +400,27 @@ CREATE TABLE runledger.timelines (
     last_event_id bigint,
     max_token bigint,
     affected_runs integer NOT NULL DEFAULT 0,
+    lossless boolean,
+    evidence jsonb,
     CONSTRAINT pk_timelines PRIMARY KEY (position),
     CONSTRAINT ck_timelines_timeline CHECK (timeline >= 1)
+);
+
+-- How the commits of the workers' sessions were acknowledged, as their claims saw it: a
+-- row each time a claim finds synchronous_commit (the claiming session's) or
+-- synchronous_standby_names (the server's) other than the last row says. synchronous:
+-- an acknowledged commit was on every standby synchronous_standby_names lists
+-- (runledger._synchronous). Read when a failover is detected: the evidence of whether
+-- it could lose an acknowledged commit (docs/failover.md). Append-only, like timelines.
+CREATE TABLE runledger.commit_guarantees (
+    position integer NOT NULL,
+    synchronous_commit text NOT NULL,
+    synchronous_standby_names text NOT NULL,
+    synchronous boolean NOT NULL,
+    timeline integer NOT NULL,
+    seen_at timestamptz NOT NULL,
+    seen_by text,
+    CONSTRAINT pk_commit_guarantees PRIMARY KEY (position)
 );
 
 -- Each run that was unfinished when a failover was detected, as it was

@@ -715,3 +715,63 @@ LANGUAGE sql VOLATILE
 AS $$
     SELECT (runledger._timeline() - 1)::bigint << 32
 $$;
+
+-- Whether a commit acknowledged under these settings is on every standby
+-- synchronous_standby_names lists, so that promoting any of them loses no acknowledged
+-- commit: synchronous_commit waits for the standbys (on, remote_write, remote_apply), and
+-- the list asks for as many standbys as it names ('n2'; 'FIRST 2 (n2, n3)'; 'ANY 2 (n2,
+-- n3)'). Not so for an empty list, for '*', or for fewer than it names ('n2, n3' is
+-- FIRST 1: n3 is only a candidate; 'ANY 1 (n2, n3)': either one may lack a commit).
+CREATE FUNCTION runledger._synchronous(p_commit text, p_names text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_names text := btrim(coalesce(p_names, ''));
+    v_parts text[];
+    v_count integer := 1;
+BEGIN
+    IF coalesce(p_commit, '') NOT IN ('on', 'remote_write', 'remote_apply') OR v_names = ''
+       OR strpos(v_names, '*') > 0 THEN
+        RETURN false;
+    END IF;
+    v_parts := regexp_match(v_names, '^(?:(?:any|first)\s+)?(\d+)\s*\((.*)\)$', 'i');
+    IF v_parts IS NOT NULL THEN
+        v_count := v_parts[1]::integer;
+        v_names := v_parts[2];
+    END IF;
+    RETURN v_count >= 1 AND v_count = cardinality(string_to_array(v_names, ','));
+END
+$$;
+
+-- The witness of how commits are acknowledged (runledger.commit_guarantees), kept by
+-- every claim after its failover check: a row when the claiming session's
+-- synchronous_commit or the server's synchronous_standby_names differ from the last row.
+-- One read by primary key when nothing changed.
+CREATE FUNCTION runledger._note_commit_guarantee(p_actor text, p_now timestamptz,
+                                                 p_timeline integer) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_commit text := pg_catalog.current_setting('synchronous_commit');
+    v_names text := pg_catalog.current_setting('synchronous_standby_names');
+    v_last runledger.commit_guarantees;
+BEGIN
+    SELECT * INTO v_last FROM runledger.commit_guarantees g ORDER BY g.position DESC LIMIT 1;
+    IF FOUND AND v_last.synchronous_commit = v_commit
+       AND v_last.synchronous_standby_names = v_names THEN
+        RETURN;
+    END IF;
+    -- one writer at a time; the others find its row
+    LOCK TABLE runledger.commit_guarantees IN SHARE ROW EXCLUSIVE MODE;
+    SELECT * INTO v_last FROM runledger.commit_guarantees g ORDER BY g.position DESC LIMIT 1;
+    IF FOUND AND v_last.synchronous_commit = v_commit
+       AND v_last.synchronous_standby_names = v_names THEN
+        RETURN;
+    END IF;
+    INSERT INTO runledger.commit_guarantees (position, synchronous_commit,
+                                             synchronous_standby_names, synchronous, timeline,
+                                             seen_at, seen_by)
+    VALUES (coalesce(v_last.position, 0) + 1, v_commit, v_names,
+            runledger._synchronous(v_commit, v_names), p_timeline, p_now, p_actor);
+END
+$$;

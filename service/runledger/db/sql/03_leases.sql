@@ -84,15 +84,24 @@ $$;
 
 -- Failover. The current timeline, recorded: when the server is on another
 -- timeline than the last one runledger.timelines names (a promoted standby, or a restore),
--- the first claim to see it records the new timeline and, for every run that was not
--- finished, what may have been lost with the commits of the old one (docs/failover.md):
---   * a lease held then ends now (its holder may hold state that no longer exists here;
---     its writes are refused anyway: its token is under the new timeline's floor);
---   * a planned call (not awaiting approval) may have been dispatched and sent on the lost
---     timeline: it is marked dispatched, so that whoever claims the run next recovers it
---     by its safety class (lookup, same key, or unknown) instead of sending it as new;
---   * the run is listed in runledger.failover_runs with the turn from which its calls are
---     suspect, and gets a failover_detected event.
+-- the first claim to see it records the new timeline and what it means for every run that
+-- was not finished (docs/failover.md). Whether the promotion could lose an acknowledged
+-- commit is decided from the last row of runledger.commit_guarantees: how the workers'
+-- commits were acknowledged before it.
+--   * Lossless (every acknowledged commit was on every synchronous standby, and the HA
+--     manager promotes only one of them): nothing is doubted. The leases held end within
+--     10 s (their tokens are under the new floor: their writes are refused), and each
+--     running run gets a failover_detected event saying so; queued and paused runs are
+--     left alone.
+--   * Otherwise, for every unfinished run, what may have been lost with the commits of the
+--     old timeline:
+--     - a lease held then ends (as above);
+--     - a planned call (not awaiting approval) may have been dispatched and sent on the
+--       lost timeline: it is marked dispatched, so that whoever claims the run next
+--       recovers it by its safety class (lookup, same key, or unknown) instead of sending
+--       it as new;
+--     - the run is listed in runledger.failover_runs with the turn from which its calls
+--       are suspect, and gets a failover_detected event.
 -- Claims on the old timeline's leases wait for this transaction (the run rows are locked).
 -- An empty table (never seen) records the current timeline and nothing else.
 CREATE FUNCTION runledger._note_timeline(p_actor text, p_now timestamptz) RETURNS void
@@ -104,6 +113,9 @@ DECLARE
     v_position integer;
     v_runs text[] := '{}';
     v_run record;
+    v_guarantee runledger.commit_guarantees;
+    v_lossless boolean;
+    v_evidence jsonb;
 BEGIN
     -- one detector at a time; the others find the row it wrote
     LOCK TABLE runledger.timelines IN SHARE ROW EXCLUSIVE MODE;
@@ -113,21 +125,56 @@ BEGIN
     END IF;
     v_position := coalesce(v_last.position, 0) + 1;
     IF v_last.position IS NOT NULL THEN
-        -- the unfinished runs, locked (in a fixed order) until the end of the claim
+        -- how the commits before the promotion were acknowledged (the claim that detects
+        -- the failover notes the new timeline's guarantee only after this)
+        SELECT * INTO v_guarantee FROM runledger.commit_guarantees g
+        ORDER BY g.position DESC LIMIT 1;
+        v_lossless := coalesce(v_guarantee.synchronous, false);
+        v_evidence := jsonb_build_object('commit_guarantee',
+            CASE WHEN v_guarantee.position IS NOT NULL THEN to_jsonb(v_guarantee) END);
+        -- the runs it affects, locked (in a fixed order) until the end of the claim: those
+        -- holding a lease; after a failover that may have lost commits, every unfinished one
         SELECT coalesce(array_agg(u.run_id ORDER BY u.run_id), '{}') INTO v_runs
         FROM (SELECT r.run_id FROM runledger.runs r
-              WHERE r.status IN ('queued', 'running', 'paused')
+              WHERE r.status = 'running'
+                 OR (NOT v_lossless AND r.status IN ('queued', 'paused'))
               ORDER BY r.run_id FOR NO KEY UPDATE) u;
     END IF;
     -- the table is append-only (the wall): the row is written whole, once
     INSERT INTO runledger.timelines (position, timeline, previous_timeline, seen_at, seen_by,
-                                     last_replay_at, last_event_id, max_token, affected_runs)
+                                     last_replay_at, last_event_id, max_token, affected_runs,
+                                     lossless, evidence)
     VALUES (v_position, v_timeline, v_last.timeline, p_now, p_actor,
             pg_last_xact_replay_timestamp(),
             (SELECT max(e.event_id) FROM runledger.run_events e),
-            (SELECT max(r.fencing_token) FROM runledger.runs r), cardinality(v_runs));
+            (SELECT max(r.fencing_token) FROM runledger.runs r), cardinality(v_runs),
+            v_lossless, v_evidence);
     IF v_last.position IS NULL THEN
         RETURN;  -- the first timeline seen: nothing to compare with
+    END IF;
+
+    IF v_lossless THEN
+        -- Nothing acknowledged was lost: the runs are as their holders left them. Their
+        -- leases end as below (the holders fence themselves; their calls in flight are
+        -- released to the next holder or waited for), and nothing is doubted.
+        FOR v_run IN
+            UPDATE runledger.runs r
+            SET lease_expires_at = least(r.lease_expires_at, p_now + interval '10 seconds'),
+                lease_lock = NULL, updated_at = p_now
+            WHERE r.run_id = ANY (v_runs)
+            RETURNING r.run_id, r.status, r.lease_owner, r.fencing_token, r.state_version
+        LOOP
+            PERFORM runledger._event(v_run.run_id, 'failover_detected', p_actor, NULL,
+                v_run.state_version,
+                jsonb_build_object('timeline', v_timeline, 'previous_timeline', v_last.timeline,
+                                   'status', v_run.status, 'lease_owner', v_run.lease_owner,
+                                   'fencing_token', v_run.fencing_token, 'lossless', true,
+                                   'suspect_from_turn', NULL,
+                                   'marked_dispatched', '[]'::jsonb,
+                                   'last_replay_at', pg_last_xact_replay_timestamp()),
+                p_now);
+        END LOOP;
+        RETURN;
     END IF;
 
     WITH affected AS (
@@ -185,7 +232,7 @@ BEGIN
             v_run.state_version,
             jsonb_build_object('timeline', v_timeline, 'previous_timeline', v_last.timeline,
                                'status', v_run.status, 'lease_owner', v_run.lease_owner,
-                               'fencing_token', v_run.fencing_token,
+                               'fencing_token', v_run.fencing_token, 'lossless', false,
                                'suspect_from_turn', v_run.turn,
                                'marked_dispatched', to_jsonb(v_run.marked_calls),
                                'last_replay_at', pg_last_xact_replay_timestamp()),
@@ -275,6 +322,8 @@ BEGIN
        IS DISTINCT FROM v_timeline THEN
         PERFORM runledger._note_timeline(p_worker_id, v_now);
     END IF;
+    -- how this session's commits are acknowledged, for the next failover to judge by
+    PERFORM runledger._note_commit_guarantee(p_worker_id, v_now, v_timeline);
     -- session locks
     SELECT w.session_lock INTO v_lock FROM runledger.workers w
     WHERE w.worker_id = p_worker_id AND w.stopped_at IS NULL;

@@ -318,7 +318,7 @@ CREATE TRIGGER tg_run_calls_no_truncate BEFORE TRUNCATE ON runledger.run_calls
 ALTER TABLE runledger.run_calls ENABLE ALWAYS TRIGGER tg_run_calls_no_truncate;
 
 
--- The record of failovers. runledger.timelines is append-only and
+-- The record of failovers. runledger.timelines and commit_guarantees are append-only and
 -- runledger.failover_runs too (its rows leave with their run, in prune_runs): without
 -- them a failover would be forgotten, and with it the doubt on the calls of its runs. Both
 -- are written only by their owner's code (the claim that detects a failover runs as the
@@ -354,6 +354,13 @@ ALTER TABLE runledger.timelines ENABLE ALWAYS TRIGGER tg_timelines_guard;
 CREATE TRIGGER tg_timelines_no_truncate BEFORE TRUNCATE ON runledger.timelines
     FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_failover_record();
 ALTER TABLE runledger.timelines ENABLE ALWAYS TRIGGER tg_timelines_no_truncate;
+CREATE TRIGGER tg_commit_guarantees_guard BEFORE INSERT OR UPDATE OR DELETE
+    ON runledger.commit_guarantees
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.commit_guarantees ENABLE ALWAYS TRIGGER tg_commit_guarantees_guard;
+CREATE TRIGGER tg_commit_guarantees_no_truncate BEFORE TRUNCATE ON runledger.commit_guarantees
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_failover_record();
+ALTER TABLE runledger.commit_guarantees ENABLE ALWAYS TRIGGER tg_commit_guarantees_no_truncate;
 CREATE TRIGGER tg_failover_runs_guard BEFORE INSERT OR UPDATE OR DELETE
     ON runledger.failover_runs
     FOR EACH ROW EXECUTE FUNCTION runledger._guard_failover_record();

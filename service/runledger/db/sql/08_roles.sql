@@ -65,6 +65,7 @@ BEGIN
         GRANT SELECT ON runledger.runs, runledger.run_turns, runledger.run_calls,
                         runledger.run_events, runledger.workers, runledger.settings,
                         runledger.timelines, runledger.failover_runs,
+                        runledger.commit_guarantees,
                         runledger.event_checkpoints, runledger.event_checkpoint_heads,
                         runledger.event_chain_prunes,
                         runledger.run_timeline, runledger.effect_ledger, runledger.lease_history,
