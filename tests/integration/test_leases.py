@@ -271,3 +271,49 @@ async def test_a_dispatch_that_lands_after_the_fence_is_released_as_not_sent(
     [told] = await db.events("fenced-resend", "send_released")
     assert told["detail"]["ended"] == "not_sent" and told["detail"]["attempt"] == 2
     assert [c[2] for c in rec.calls_of("work")] == [1]  # the second attempt never ran
+
+
+async def test_a_release_under_way_when_the_run_is_fenced_still_lands(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """The tool returned but its result could not be written (the database went away, as
+    in a failover); the worker tells the next holder, with the result, and that release
+    is still on its way when the run is fenced (its listener lost: issue #36). It goes on
+    in the background and lands: the next holder journals the result instead of pausing
+    an unsafe call for a person."""
+    from runledger import errors
+
+    rec = Recorder()
+
+    async def work(ctx: Any) -> str:
+        rec.tool(ctx)
+        return "done"
+
+    flow = _flow(rec, work)
+    rw = await start_worker(flow)
+    store = rw.worker.store
+    assert store is not None
+    on_its_way, land = asyncio.Event(), asyncio.Event()
+    real_release = store.release_call
+
+    async def gone(*args: Any, **kwargs: Any) -> Any:
+        raise errors.DatabaseUnavailable("the test: the primary went away")
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        on_its_way.set()
+        await land.wait()
+        return await real_release(*args, **kwargs)
+
+    store.complete_checked = gone  # type: ignore[method-assign]
+    store.complete_and_dispatch = gone  # type: ignore[method-assign]
+    store.release_call = held  # type: ignore[method-assign]
+    await db.submit("fenced-release", flow)
+    await asyncio.wait_for(on_its_way.wait(), timeout=10)
+    rw.worker._fence(rw.worker.active["fenced-release"], "the test fences it")
+    await eventually(lambda: "fenced-release" not in rw.worker.active, what="the run dropped")
+    land.set()
+    await eventually(lambda: db.events("fenced-release", "send_released"), what="the release")
+    [told] = await db.events("fenced-release", "send_released")
+    assert (told["detail"]["ended"], told["detail"]["result"]) == ("returned", "done")
+    assert told["detail"]["by"] == "sender"
+    assert [c[2] for c in rec.calls_of("work")] == [1]

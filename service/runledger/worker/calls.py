@@ -261,7 +261,10 @@ class Calls:
             # told before it does, so the next holder finds the release (with the result)
             told = None if ended[0] is None else _ended(*ended[0])
             if told is not None:
-                await self.writes.release_send(active, call.idempotency_key, told)
+                # in the background too: a release that waits out a failover goes on if
+                # the run is fenced meanwhile
+                release = self.writes.release_send(active, call.idempotency_key, told)
+                await asyncio.shield(self.writes.track(active, release, busy=False))
             raise
         except BaseException:  # cancelled (fenced locally): not held up by the release
             told = None if ended[0] is None else _ended(*ended[0])

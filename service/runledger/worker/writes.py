@@ -394,7 +394,7 @@ class Writes:
                 },
             )
 
-    def track(self, active: ActiveRun, aw: Awaitable[Any], *, busy: bool = True) -> None:
+    def track(self, active: ActiveRun, aw: Awaitable[T], *, busy: bool = True) -> asyncio.Future[T]:
         """Keep a background task of this run (a tool thread's result, a write in flight).
         ``busy=False``: one that need not hold the lease back (:meth:`busy` leaves it out),
         such as the release of a send that has ended."""
@@ -402,6 +402,7 @@ class Writes:
         task.set_name(f"late:{active.run_id}" if busy else f"told:{active.run_id}")
         self._late.add(task)
         task.add_done_callback(self._late.discard)
+        return task
 
     def busy(self, run_id: str) -> bool:
         """Whether a tool thread or a write of this run is still in flight."""
