@@ -388,11 +388,10 @@ def test_a_patroni_failover_loses_no_commit_and_sends_nothing_twice(
         # synchronous_mode: no acknowledged commit is lost
         assert out["commits_acked"] > 0
         assert out["commits_lost"] == 0, out["witness_errors"]
-        # the fault hit runs mid-way; the workers followed the new primary by themselves,
-        # and made progress there
-        assert out["failover_runs"] > 0
+        # the workers followed the new primary by themselves, and made progress there (the
+        # fault came mid-way: runs were left for it)
         assert out["workers_alive"] == [True] * WORKERS, out["worker_logs"]
-        assert out["progress_s"] is not None
+        assert out["claim_s"] is not None and out["progress_s"] is not None, out["statuses"]
         # no token twice, no effect twice; every succeeded call has its effect
         assert out["tokens_granted_twice"] == 0
         assert out["effects_sent_twice"] == 0, {k: n for k, n in out["effects"].items() if n > 1}
