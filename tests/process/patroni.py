@@ -22,10 +22,10 @@ Where namespaces cannot be made the test is skipped, saying why; under ``CI=true
 fails instead.
 
 **Timing.** ``ttl`` 10 s, ``loop_wait`` 1 s, ``retry_timeout`` 4 s: Patroni requires
-``loop_wait + 2 * retry_timeout <= ttl`` (1 + 8 <= 10), so a leader that cannot reach
-etcd demotes itself before its key can expire and another node take over. (Patroni
-3.1 and later refuse a ``ttl`` below 20; 3.0.2, Debian's, takes 10: a failover after a
-crash takes about ``ttl``.)
+``loop_wait + 2 * retry_timeout <= ttl`` (1 + 8 <= 10), so that a leader that cannot
+reach etcd demotes itself before its key can expire and another node take over.
+(Patroni's later documentation gives 20 as the least ``ttl``; 3.0.2, Debian's, takes 10:
+a failover after a crash takes about ``ttl``.)
 
 **No pg_rewind** (``use_pg_rewind: false``): PostgreSQL runs with
 ``full_page_writes=off`` for speed, as :mod:`tests.process.replication` does, and
