@@ -12,7 +12,12 @@ fault, acknowledged values missing on the new primary are **commits lost**: with
 ``synchronous_mode`` there must be none. The test asserts that, no fencing token granted
 twice, no effect sent twice, every succeeded call's effect at the provider, every run
 ``succeeded`` or ``paused`` (each paused run at an ``unknown`` call of the unsafe tool),
-the workers alive. It measures the paused runs, the runs in ``runledger.failover_runs``,
+the workers alive; and that runledger knew the promotion lost nothing (the timeline is
+recorded lossless, from the synchronous standby its claims had seen): no run is doubted
+(none in ``runledger.failover_runs``), an unsafe call pauses only when its tool was cut
+off mid-request, and ``runledger audit`` passes. The workers get the plain multi-host
+URL: a cut leader fails their pooled connections by runledger's own TCP settings. It
+measures the paused runs, the runs in ``runledger.failover_runs``,
 and how long after the fault the new primary accepted writes and the workers made
 progress on it; one line per fault, and a JSON line appended to
 ``$RUNLEDGER_PATRONI_RESULTS`` when set.
@@ -53,11 +58,10 @@ PLAN = [  # as test_failover's: ticket idempotent, charge a lookup, email unsafe
 ]
 PROGRESS = 10  # runs with a succeeded call before the fault
 ROOT = Path(__file__).resolve().parents[2]
-# libpq's TCP timeouts, on the workers' URL: runledger sets none on its connections, so a
-# statement in flight to a primary that vanished without a reset (the cut: packets
-# dropped) waits for the kernel to give up retransmitting (tcp_retries2, about 15 min),
-# and a worker whose pool connections all wait so is wedged. What a user must add to the
-# URL today; without it the cut case never settles.
+# libpq's TCP timeouts for the commit witness (the test's own client): a statement in
+# flight to a primary cut off without a reset would wait for the kernel to give up
+# retransmitting (tcp_retries2, about 15 min). The workers get the plain URL: runledger
+# sets these on its pooled connections itself (runledger.db.connecting.POOL_TCP).
 TCP_TIMEOUTS = (
     "keepalives=1&keepalives_idle=2&keepalives_interval=1&keepalives_count=3&tcp_user_timeout=5000"
 )
@@ -199,7 +203,7 @@ def scenario(cluster: PatroniCluster, provider: ProviderProcess, fault: str) -> 
     provider.client.configure(latency=0.3)
     witness = Witness(f"{url}&{TCP_TIMEOUTS}")
     pool = WorkerPool(
-        f"{url}&{TCP_TIMEOUTS}",
+        url,
         ["runledger.demo.flows:flows"],
         env={
             "RUNLEDGER_PROVIDER_URL": provider.url,
@@ -321,6 +325,14 @@ def scenario(cluster: PatroniCluster, provider: ProviderProcess, fault: str) -> 
             new, "SELECT count(DISTINCT run_id) FROM runledger.failover_runs"
         )
         out["timelines"] = _count(new, "SELECT count(*) FROM runledger.timelines")
+        out["lossless"] = [
+            (r[0], r[1])
+            for r in new.execute(
+                "SELECT lossless, evidence->'commit_guarantee'->>'synchronous_standby_names' "
+                "FROM runledger.timelines WHERE position > 1 ORDER BY position"
+            )
+        ]
+    out["audit"] = _cli(url, "audit", "--json")
 
     def since(t: dt.datetime | None) -> float | None:
         return None if t is None else round((t - t_fault).total_seconds(), 2)
@@ -359,6 +371,7 @@ MEASURED = (
     "events_after",
     "pause_reasons",
     "unknown_reasons",
+    "lossless",
 )
 
 
@@ -403,5 +416,13 @@ def test_a_patroni_failover_loses_no_commit_and_sends_nothing_twice(
         assert sum(out["statuses"].values()) == RUNS
         assert {tool for tool, _ in out["unknown"]} <= {"email"}
         assert out["paused_without_unknown_email"] == []
-        # PAUSED RUNS BOUND: a later change (issue #36) lowers the pauses after a promotion
-        # that lost nothing; its bound on out["paused"] per fault is asserted here.
+        # the promotion lost nothing, and runledger knew it from its witness: the claims
+        # had seen every commit wait for the synchronous standby. Nothing was doubted: no
+        # run listed as suspect, no pause for a timeline a failover lost; a run pauses only
+        # at an unsafe call whose tool was cut off mid-request (its sender said so).
+        assert out["lossless"] == [(True, sync)], out["lossless"]
+        assert out["failover_runs"] == 0
+        genuine = "in flight when its worker lost the run: its tool was cancelled; unsafe to repeat"
+        assert set(out["unknown_reasons"]) <= {genuine}, out["unknown_reasons"]
+        # and the audit, which saw every acknowledged commit, passes
+        assert out["audit"].returncode == 0, out["audit"].stdout

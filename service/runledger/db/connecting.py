@@ -25,6 +25,29 @@ from runledger.db.pooler import Reach, reach
 from runledger.db.revisions import behind, head
 from runledger.db.server import failure_reason, hosts_ports, in_recovery
 
+# libpq's TCP settings for the pooled connections, where the URL sets none of its own: a
+# server that vanishes without a reset (a primary cut off the network, then failed over)
+# fails a statement in flight within seconds instead of when the kernel gives up
+# retransmitting (tcp_retries2: about 15 min), during which every pooled connection waits
+# on the dead host and the worker claims nothing on the new primary. A healthy server
+# acknowledges at the TCP level while it runs a long statement: neither setting cuts that.
+POOL_TCP: dict[str, str] = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "1",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+
+
+def tcp_settings(url: str) -> dict[str, str]:
+    """:data:`POOL_TCP` without the settings ``url`` makes itself."""
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return {}  # not a URL: the probe says so in one line
+    return {k: v for k, v in POOL_TCP.items() if k not in given}
+
 
 def connect_timeout_param(seconds: float) -> int:
     """libpq's ``connect_timeout`` for ``seconds``: whole seconds, at least 2 (libpq's floor)."""

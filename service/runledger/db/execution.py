@@ -43,7 +43,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from runledger import errors
 from runledger.config import default, url_connect_timeout
 from runledger.db import decode, wire
-from runledger.db.connecting import connect_error, connect_timeout_param, probe
+from runledger.db.connecting import connect_error, connect_timeout_param, probe, tcp_settings
 from runledger.db.pooler import Reach
 from runledger.db.rows import Row
 from runledger.db.sqlstate import (
@@ -243,6 +243,7 @@ class Executor:
             "row_factory": dict_row,
             "application_name": name,
             "connect_timeout": connect_timeout_param(timeout),
+            **tcp_settings(url),  # a vanished server fails the socket in seconds
         }
         if reached == "transaction":  # a statement prepared on one server session is not
             options["prepare_threshold"] = None  # there at the next transaction
