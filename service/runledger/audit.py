@@ -8,7 +8,7 @@ the hash chains of run_events and their checkpoints; docs/audit.md explains them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runledger.db.audit import (
@@ -18,6 +18,7 @@ from runledger.db.audit import (
     audit_connection,
     checkpoint_digest,
     latest_checkpoint,
+    lossless_failovers,
     violations,
 )
 
@@ -54,6 +55,8 @@ ANCHOR_CHECK = Check(
 class Audit:
     findings: list[Finding]
     latest: dict[str, Any] | None  # the newest checkpoint: the digest to keep outside
+    # failovers recorded lossless (timelines.lossless), with their evidence: not violations
+    lossless: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -73,6 +76,7 @@ def audit(database_url: str, *, limit: int = 50, expect: tuple[Anchor, ...] = ()
         for check in CHECKS:
             findings.append(Finding(check, violations(conn, check, limit)))
         latest = latest_checkpoint(conn)
+        lossless = lossless_failovers(conn)
         if expect:
             broken = []
             for anchor in expect:
@@ -89,4 +93,4 @@ def audit(database_url: str, *, limit: int = 50, expect: tuple[Anchor, ...] = ()
                         }
                     )
             findings.append(Finding(ANCHOR_CHECK, broken))
-    return Audit(findings, latest)
+    return Audit(findings, latest, lossless)

@@ -4,6 +4,7 @@ one that breaks when the tables are tampered with."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import psycopg
@@ -109,6 +110,20 @@ async def test_a_lossless_failover_is_not_a_violation(
     assert lossless == [(2, None), (3, True)]
     failover = {f.check.name: f for f in run_checks(database_url)}["failover"]
     assert [r["position"] for r in failover.rows] == [2]  # only the row the test added
+    # named all the same, with its evidence
+    result = CliRunner().invoke(main, ["audit", "--database-url", database_url])
+    assert (
+        "note failover to timeline 1 (from 2, seen " in result.output
+        and "by w1) was lossless: every acknowledged commit was on every synchronous standby "
+        "(synchronous_commit on, synchronous_standby_names 'n2'); 0 lease(s) ended, "
+        "no run doubted"
+        in result.output
+    ), result.output
+    result = CliRunner().invoke(main, ["audit", "--database-url", database_url, "--json"])
+    entries = {c["check"]: c for c in json.loads(result.output)}
+    (noted,) = entries["lossless_failovers"]["failovers"]
+    assert noted["position"] == 3
+    assert noted["evidence"]["commit_guarantee"]["synchronous_standby_names"] == "n2"
     # the claim noted this server's own guarantee (no standby): the next failover is lossy
     admin_conn.execute(
         "INSERT INTO runledger.timelines (position, timeline, seen_at) "

@@ -48,6 +48,17 @@ class AnchorType(click.ParamType):  # type: ignore[type-arg]
         return Anchor(int(m.group(1)), m.group(2))
 
 
+def _lossless_line(row: dict[str, Any]) -> str:
+    seen = (row.get("evidence") or {}).get("commit_guarantee") or {}
+    return (
+        f"note failover to timeline {row['timeline']} (from {row['previous_timeline']}, seen "
+        f"{row['seen_at']} by {row['seen_by']}) was lossless: every acknowledged commit was on "
+        f"every synchronous standby (synchronous_commit {seen.get('synchronous_commit')}, "
+        f"synchronous_standby_names '{seen.get('synchronous_standby_names')}'); "
+        f"{row['affected_runs']} lease(s) ended, no run doubted"
+    )
+
+
 def _anchor_line(latest: dict[str, Any] | None) -> str:
     if latest is None:
         return "no checkpoint: the event chains have no anchor (runledger migrate writes one)"
@@ -84,7 +95,16 @@ def audit(
         checks: list[dict[str, Any]] = [
             {"check": f.check.name, "ok": f.ok, "violations": f.rows} for f in result.findings
         ]
-        # the anchor to keep: one more entry, so that the document stays a list of checks
+        # the lossless failovers and the anchor to keep: one more entry each, so that the
+        # document stays a list of checks
+        checks.append(
+            {
+                "check": "lossless_failovers",
+                "ok": True,
+                "violations": [],
+                "failovers": result.lossless,
+            }
+        )
         checks.append({"check": "anchor", "ok": True, "violations": [], "anchor": result.latest})
         emit(checks, as_json=True)
     else:
@@ -93,6 +113,8 @@ def audit(
             click.echo(f"{mark} {f.check.name}: {f.check.description}")
             for row in f.rows:
                 click.echo(f"     {json.dumps(row, default=str)}")
+        for row in result.lossless:
+            click.echo(_lossless_line(row))
         click.echo(_anchor_line(result.latest))
     sys.exit(0 if result.ok else 1)
 

@@ -208,6 +208,16 @@ def latest_checkpoint(conn: psycopg.Connection[Row]) -> Row | None:
     return conn.execute(LATEST_CHECKPOINT).fetchone()
 
 
+def lossless_failovers(conn: psycopg.Connection[Row]) -> list[Row]:
+    """The failovers recorded lossless, with their evidence: not violations (every
+    acknowledged commit is here to be checked), but the audit names them."""
+    return conn.execute(
+        "SELECT t.position, t.previous_timeline, t.timeline, t.seen_at, t.seen_by,"
+        " t.affected_runs, t.evidence FROM runledger.timelines t"
+        " WHERE t.position > 1 AND t.lossless ORDER BY t.position"
+    ).fetchall()
+
+
 def checkpoint_digest(conn: psycopg.Connection[Row], checkpoint_id: int) -> str | None:
     """The digest (hex) of checkpoint ``checkpoint_id``; None when it is gone."""
     row = conn.execute(
