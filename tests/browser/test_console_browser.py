@@ -1,5 +1,5 @@
 """The console end to end, in a real headless Chromium (Debian's ``chromium``, driven by
-Playwright; .ci/run installs it): a run is paused on an ``unknown`` call; an operator
+Playwright; scripts/test installs it): a run is paused on an ``unknown`` call; an operator
 opens the console (``runledger console`` as a process, reading as runledger_auditor,
 acting as runledger_operator), signs in, finds the call in the inbox, resolves it as
 applied with a receipt, and watches the run finish on its page through the live update
@@ -136,7 +136,7 @@ async def test_resolve_an_unknown_call_and_watch_the_run_finish(
     db: Db, start_worker: StartWorker, console_process: ConsoleProcess, tmp_path: Path
 ) -> None:
     assert os.path.exists(CHROMIUM), (
-        f"no Chromium at {CHROMIUM}: apt-get install chromium (.ci/run does), or set "
+        f"no Chromium at {CHROMIUM}: apt-get install chromium (scripts/test does), or set "
         "RUNLEDGER_TEST_CHROMIUM"
     )
     flow = payments_flow()

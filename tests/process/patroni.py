@@ -100,14 +100,14 @@ def _ci() -> bool:
 
 def require_binaries() -> None:
     """Patroni, etcd and PostgreSQL's binaries; a skip without them, a failure under CI
-    (``.ci/run`` installs them)."""
+    (``scripts/test`` installs them)."""
     missing = [p for p in (PATRONI, PATRONICTL, ETCD) if not os.access(p, os.X_OK)]
     if not (BIN / "initdb").is_file():
         missing.append(str(BIN / "initdb"))
     if missing:
         why = (
             f"missing {', '.join(missing)}: apt-get install patroni etcd-server etcd-client "
-            "(.ci/run does), and PostgreSQL in RUNLEDGER_TEST_PG_BIN"
+            "(scripts/test does), and PostgreSQL in RUNLEDGER_TEST_PG_BIN"
         )
         if _ci():
             pytest.fail(why)

@@ -8,7 +8,7 @@ as the ``postgres`` user, as the clusters do. It runs in the foreground, its log
 directory; everything is removed when the context ends.
 
 No ``pgbouncer`` binary: the test is skipped, saying how to install it, except under
-``CI=true``, where it fails (``.ci/run`` installs it).
+``CI=true``, where it fails (``scripts/test`` installs it).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def require_binary() -> str:
     if os.access(BINARY, os.X_OK):
         return BINARY
     why = (
-        f"no pgbouncer at {BINARY}: apt-get install pgbouncer (.ci/run does), or set "
+        f"no pgbouncer at {BINARY}: apt-get install pgbouncer (scripts/test does), or set "
         "RUNLEDGER_TEST_PGBOUNCER"
     )
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):

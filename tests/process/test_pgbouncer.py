@@ -12,7 +12,7 @@ finishes or pauses on its ``unknown`` call, no worker exits by itself, and the
 read-only session on the pooler for its next client.
 
 Without a ``pgbouncer`` binary these tests are skipped, saying how to install it; under
-``CI=true`` they fail (``.ci/run`` installs Debian's package).
+``CI=true`` they fail (``scripts/test`` installs Debian's package).
 """
 
 from __future__ import annotations
