@@ -50,7 +50,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -65,8 +64,8 @@ import psycopg
 import pytest
 
 from runledger.testing import wait_for
-from runledger.testing.postgres import NoPostgres
 from tests.process.netns import Namespace, namespace
+from tests.process.replication import cluster_user, free_port
 
 BIN = Path(os.environ.get("RUNLEDGER_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 PATRONI = shutil.which("patroni") or "/usr/bin/patroni"
@@ -106,27 +105,12 @@ def require_binaries() -> None:
         missing.append(str(BIN / "initdb"))
     if missing:
         why = (
-            f"missing {', '.join(missing)}: apt-get install patroni etcd-server etcd-client "
+            f"missing {', '.join(missing)}: apt-get install patroni etcd-server "
             "(scripts/test does), and PostgreSQL in RUNLEDGER_TEST_PG_BIN"
         )
         if _ci():
             pytest.fail(why)
         pytest.skip(why)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _user() -> pwd.struct_passwd | None:
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "runledger_pg"):
-        with contextlib.suppress(KeyError):
-            return pwd.getpwnam(name)
-    raise NoPostgres("running as root and no postgres user to run Patroni as")
 
 
 def _alive(pid: int) -> bool:
@@ -464,7 +448,7 @@ def _spawn(cluster: PatroniCluster, m: Member) -> None:
 
 
 def _start_etcd(cluster: PatroniCluster, host: str) -> None:
-    peer = _free_port()
+    peer = free_port()
     data = cluster.base / "etcd"
     urls = f"http://127.0.0.1:{cluster.etcd_port},http://{host}:{cluster.etcd_port}"
     with cluster.etcd_log.open("ab") as log:
@@ -537,7 +521,7 @@ def patroni_cluster() -> Iterator[PatroniCluster]:
     """etcd and three Patroni nodes, ``n1`` leading from its namespace; healthy (a
     leader, a synchronous and an asynchronous standby, both streaming) when it yields."""
     require_binaries()
-    user = _user()
+    user = cluster_user()
     with _namespace() as ns:
         base = Path(tempfile.mkdtemp(prefix="runledger-patroni-"))
         os.chmod(base, 0o755)
@@ -545,14 +529,14 @@ def patroni_cluster() -> Iterator[PatroniCluster]:
             name: Member(
                 name,
                 ns.worker_addr if name == "n1" else ns.host_addr,
-                _free_port(),
-                _free_port(),
+                free_port(),
+                free_port(),
                 base / name,
                 ns.name if name == "n1" else None,
             )
             for name in NAMES
         }
-        cluster = PatroniCluster(base, ns, _free_port(), members, user)
+        cluster = PatroniCluster(base, ns, free_port(), members, user)
         last, _, _ = ns.host_addr.rpartition(".")
         subnet = f"{last}.{int(ns.host_addr.rsplit('.', 1)[1]) - 1}/30"
         try:

@@ -44,7 +44,8 @@ _OPTIONS = (
 )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now."""
     import socket
 
     with socket.socket() as s:
@@ -52,7 +53,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _user() -> pwd.struct_passwd | None:
+def cluster_user() -> pwd.struct_passwd | None:
+    """The user PostgreSQL runs as: none but the caller, unless that is root."""
     if os.geteuid() != 0:
         return None
     for name in ("postgres", "runledger_pg"):
@@ -180,7 +182,7 @@ class Pair(Cluster):
         """From now on the standby receives nothing: its primary_conninfo names a closed
         port (the walreceiver restarts with it on reload) and waits until no walreceiver
         streams. What it received so far it replays."""
-        closed = _free_port()
+        closed = free_port()
         with self.standby.connect() as conn:
             conn.execute(
                 f"ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port={closed} "
@@ -199,12 +201,12 @@ def _build(cls: type[C], standbys: list[str | None]) -> C:
     cluster_name), and start them."""
     if not (BIN / "pg_basebackup").is_file():
         raise NoPostgres(f"no PostgreSQL binaries in {BIN} (set RUNLEDGER_TEST_PG_BIN)")
-    user = _user()
+    user = cluster_user()
     base = Path(tempfile.mkdtemp(prefix="runledger-failover-"))
     os.chmod(base, 0o755)
-    primary = Node(base / "primary", _free_port(), base / "primary.log")
+    primary = Node(base / "primary", free_port(), base / "primary.log")
     nodes = [
-        Node(base / (name or "standby"), _free_port(), base / f"{name or 'standby'}.log", name)
+        Node(base / (name or "standby"), free_port(), base / f"{name or 'standby'}.log", name)
         for name in standbys
     ]
     cluster = cls(base, primary, nodes, user)
