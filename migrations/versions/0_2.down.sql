@@ -320,6 +320,7 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION runledger.release_stale_lease(text, uuid, bigint, text);
 DROP FUNCTION runledger._note_commit_guarantee(text, timestamptz, integer);
 DROP FUNCTION runledger._synchronous(text, text);
 DROP TABLE runledger.commit_guarantees;

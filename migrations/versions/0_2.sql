@@ -2,7 +2,8 @@
 -- commit doubts nothing. runledger.commit_guarantees witnesses how the workers' commits
 -- are acknowledged (every claim keeps it); the detection of a failover reads its last row
 -- and records in runledger.timelines whether the failover was lossless and why
--- (docs/failover.md).
+-- (docs/failover.md). A worker that fenced a run whose lease a failover made stale hands
+-- it back (release_stale_lease).
 
 ALTER TABLE runledger.timelines ADD COLUMN lossless boolean, ADD COLUMN evidence jsonb;
 
@@ -441,14 +442,58 @@ BEGIN
 END
 $$;
 
+-- A worker that fenced a run whose lease was granted before a failover hands it back once
+-- nothing of the run is in flight any more (its tools ended, their sends released): the
+-- run is queued at once instead of when the failover's wait on that lease ends
+-- (_note_timeline). Only such a lease: its token is at most this timeline's floor, so
+-- every write of it is refused, and only its holder (p_worker_id the lease owner) says it
+-- is done with it. True when the run was handed back; false, writing nothing, when the
+-- lease is not the run's current one, has expired, or was granted on this timeline
+-- (release_lease is for that). Like the clean hand-back, the claim's stalled count is
+-- undone: a failover is not the run's fault. Refuses: RL006 (a bad worker id), RL003 (no
+-- such run).
+CREATE FUNCTION runledger.release_stale_lease(p_run_id text, p_lease_id uuid,
+                                              p_fencing_token bigint, p_worker_id text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz;
+BEGIN
+    PERFORM runledger._check_worker_id(p_worker_id);
+    r := runledger._lock_run(p_run_id);
+    v_now := runledger.now();  -- after the lock, as the lease check
+    IF r.status <> 'running' OR r.lease_id IS DISTINCT FROM p_lease_id
+       OR r.fencing_token IS DISTINCT FROM p_fencing_token
+       OR r.lease_owner IS DISTINCT FROM p_worker_id OR r.lease_expires_at <= v_now
+       OR p_fencing_token > runledger._token_floor() THEN
+        RETURN false;
+    END IF;
+    UPDATE runledger.runs
+    SET status = 'queued', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        stalled_claims = greatest(stalled_claims - 1, 0),
+        available_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id;
+    PERFORM runledger._event(p_run_id, 'lease_released', p_worker_id, p_fencing_token,
+        r.state_version, jsonb_build_object('reason', 'fenced after a failover'), v_now);
+    PERFORM runledger._notify_queued(r.flow, r.flow_version);
+    RETURN true;
+END
+$$;
+
 REVOKE ALL ON FUNCTION runledger._synchronous(text, text),
-    runledger._note_commit_guarantee(text, timestamptz, integer) FROM PUBLIC;
+    runledger._note_commit_guarantee(text, timestamptz, integer),
+    runledger.release_stale_lease(text, uuid, bigint, text) FROM PUBLIC;
 REVOKE ALL ON runledger.commit_guarantees FROM PUBLIC;
 
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
         GRANT SELECT ON runledger.commit_guarantees TO runledger_worker;
+        GRANT EXECUTE ON FUNCTION runledger.release_stale_lease(text, uuid, bigint, text)
+            TO runledger_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_operator') THEN
         GRANT SELECT ON runledger.commit_guarantees TO runledger_operator;

@@ -211,3 +211,95 @@ def test_no_witness_at_all_is_no_evidence(worker: Conn, admin: Conn) -> None:
     (seen,) = rows(admin, "SELECT lossless, evidence FROM runledger.timelines WHERE position = 3")
     assert seen == {"lossless": False, "evidence": {"commit_guarantee": None}}
     assert scalar(admin, "SELECT count(*) FROM runledger.failover_runs") == 1
+
+
+# -- release_stale_lease: a fenced holder hands back a lease a failover made stale ------------
+
+STALE_LEASE = "00000000-0000-4000-8000-000000000001"
+
+
+def stale_lease(admin: Conn, run_id: str, owner: str = "w1") -> None:
+    """A run held under token 0, at this timeline's floor (0 on timeline 1): to the
+    database, a lease granted before a failover, as the old holder of a promoted
+    database's run holds it (tests/process/test_patroni.py has the real one)."""
+    admin.execute(
+        "UPDATE runledger.runs SET status = 'running', lease_owner = %s, lease_id = %s, "
+        "lease_expires_at = now() + interval '10 s', stalled_claims = 1 WHERE run_id = %s",
+        (owner, STALE_LEASE, run_id),
+    )
+
+
+def release_stale(conn: Conn, run_id: str, token: int = 0, owner: str = "w1") -> bool:
+    return bool(
+        scalar(
+            conn,
+            "SELECT runledger.release_stale_lease(%s, %s, %s, %s)",
+            (run_id, STALE_LEASE, token, owner),
+        )
+    )
+
+
+def test_its_holder_hands_back_a_stale_lease_and_the_run_is_claimed_at_once(
+    worker: Conn, admin: Conn
+) -> None:
+    submit(worker, "stale")
+    stale_lease(admin, "stale")
+    assert release_stale(worker, "stale") is True
+    row = run_row(admin, "stale")
+    assert (row["status"], row["lease_id"], row["lease_owner"], row["stalled_claims"]) == (
+        "queued",
+        None,
+        None,
+        0,
+    )
+    (event,) = events(admin, "stale", "lease_released")
+    assert (event["actor"], event["fencing_token"]) == ("w1", 0)
+    assert event["detail"] == {"reason": "fenced after a failover"}
+    (taken,) = claim_v4(worker, "w2")
+    assert (taken["run_id"], taken["takeover"], taken["fencing_token"]) == ("stale", False, 1)
+
+
+@pytest.mark.parametrize(
+    ("case", "token", "owner"),
+    [
+        ("another worker", 0, "w2"),
+        ("another token", 5, "w1"),
+    ],
+)
+def test_nothing_but_its_holders_stale_lease_is_handed_back(
+    worker: Conn, admin: Conn, case: str, token: int, owner: str
+) -> None:
+    submit(worker, "stale")
+    stale_lease(admin, "stale")
+    before = run_row(admin, "stale")
+    assert release_stale(worker, "stale", token, owner) is False, case
+    assert run_row(admin, "stale") == before
+    assert events(admin, "stale", "lease_released") == []
+
+
+def test_a_lease_of_this_timeline_is_not_handed_back_so(worker: Conn, admin: Conn) -> None:
+    """A lease granted on this timeline still works: release_lease is for that."""
+    lease = submit_and_claim(worker, "fresh")
+    before = run_row(admin, "fresh")
+    held = scalar(
+        worker,
+        "SELECT runledger.release_stale_lease(%s, %s, %s, %s)",
+        ("fresh", lease.lease_id, lease.token, lease.worker_id),
+    )
+    assert held is False
+    assert run_row(admin, "fresh") == before
+
+
+def test_an_expired_stale_lease_is_left_to_its_takeover(worker: Conn, admin: Conn) -> None:
+    submit(worker, "stale")
+    stale_lease(admin, "stale")
+    admin.execute("UPDATE runledger.settings SET clock_offset = clock_offset + interval '11 s'")
+    assert release_stale(worker, "stale") is False
+    assert run_row(admin, "stale")["status"] == "running"
+
+
+def test_bad_arguments_are_refused(worker: Conn) -> None:
+    with sqlstate("RL006"):
+        release_stale(worker, "any", owner="")
+    with sqlstate("RL003"):
+        release_stale(worker, "no-such-run")

@@ -369,6 +369,7 @@ WORKER_FUNCTIONS = {
     "complete_calls",
     "finish_run",
     "release_lease",
+    "release_stale_lease",  # revision 0.2
     "report_stale_write",
     "call_sender",  # revision 0031
     "release_call",  # revision 0031

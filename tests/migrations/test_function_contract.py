@@ -241,6 +241,16 @@ CONTRACT: list[Fn] = [
         ],
         "void",
     ),
+    Fn(  # revision 0.2: a fenced holder hands back a lease a failover made stale
+        "release_stale_lease",
+        [
+            ("p_run_id", "text"),
+            ("p_lease_id", "uuid"),
+            ("p_fencing_token", "bigint"),
+            ("p_worker_id", "text"),
+        ],
+        "boolean",
+    ),
     Fn(  # register, holding a session lock under a fresh key
         "register_worker_v2",
         [

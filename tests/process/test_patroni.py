@@ -209,7 +209,9 @@ def scenario(cluster: PatroniCluster, provider: ProviderProcess, fault: str) -> 
             "RUNLEDGER_PROVIDER_URL": provider.url,
             "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path]),
         },
-        args=["--poll-seconds", "0.2", "--lease-seconds", "3", "--concurrency", "4"],
+        # the default lease: it outlasts the failover, so the runs the workers held at the
+        # fault are handed back by them, not left to the end of their leases
+        args=["--poll-seconds", "0.2", "--lease-seconds", "30", "--concurrency", "4"],
         cwd=str(ROOT),
     )
     try:
@@ -321,6 +323,24 @@ def scenario(cluster: PatroniCluster, provider: ProviderProcess, fault: str) -> 
         out["calls"] = new.execute(
             "SELECT idempotency_key, tool, status FROM runledger.run_calls"
         ).fetchall()
+        # the runs held at the fault: handed back by their fenced holders once the new
+        # primary took writes, or taken over when their leases ended; when the last of
+        # them was claimed again
+        out["handed_back"] = _count(
+            new,
+            "SELECT count(*) FROM runledger.run_events WHERE kind = 'lease_released' "
+            "AND detail->>'reason' = 'fenced after a failover' AND at > %s",
+            (t_fault,),
+        )
+        resumed = new.execute(
+            "SELECT max(first) FROM (SELECT e.run_id, min(e.at) AS first "
+            "FROM runledger.run_events e WHERE e.kind IN ('claimed', 'takeover') AND e.at > %s "
+            "AND e.run_id IN (SELECT run_id FROM runledger.run_events WHERE at > %s AND "
+            "(kind = 'takeover' OR (kind = 'lease_released' "
+            "AND detail->>'reason' = 'fenced after a failover'))) GROUP BY e.run_id) x",
+            (t_fault, t_fault),
+        ).fetchone()
+        assert resumed is not None
         out["failover_runs"] = _count(
             new, "SELECT count(DISTINCT run_id) FROM runledger.failover_runs"
         )
@@ -350,6 +370,7 @@ def scenario(cluster: PatroniCluster, provider: ProviderProcess, fault: str) -> 
         detected_s=since(detected[0]),
         claim_s=since(after[0]),
         progress_s=since(after[1]),
+        held_resumed_s=since(resumed[0]),
     )
     return out
 
@@ -368,6 +389,8 @@ MEASURED = (
     "detected_s",
     "claim_s",
     "progress_s",
+    "handed_back",
+    "held_resumed_s",
     "events_after",
     "pause_reasons",
     "unknown_reasons",
@@ -424,5 +447,8 @@ def test_a_patroni_failover_loses_no_commit_and_sends_nothing_twice(
         assert out["failover_runs"] == 0
         genuine = "in flight when its worker lost the run: its tool was cancelled; unsafe to repeat"
         assert set(out["unknown_reasons"]) <= {genuine}, out["unknown_reasons"]
+        # the runs the workers held at the fault were handed back by their fenced holders
+        # (release_stale_lease), not left to their leases' end
+        assert out["handed_back"] > 0, out["events_after"]
         # and the audit, which saw every acknowledged commit, passes
         assert out["audit"].returncode == 0, out["audit"].stdout

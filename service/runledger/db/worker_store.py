@@ -552,6 +552,20 @@ class WorkerStore:
             fields=fields,
         )
 
+    async def release_stale_lease(
+        self, run_id: str, lease_id: uuid.UUID, fencing_token: int, worker_id: str
+    ) -> bool:
+        """Hand back a run this worker fenced whose lease a failover made stale (granted
+        on an earlier timeline); false when the lease is not such a one, or is no longer
+        the run's (``release_stale_lease``)."""
+        check_text("worker id", worker_id)
+        rows = await self.executor.read(  # safe to repeat: a second one finds no lease
+            "SELECT runledger.release_stale_lease(%s, %s, %s, %s) AS released",
+            (run_id, lease_id, fencing_token, worker_id),
+            fields={"run_id": run_id, "fencing_token": fencing_token},
+        )
+        return bool(rows[0]["released"])
+
     async def report_stale_write(
         self,
         run_id: str,

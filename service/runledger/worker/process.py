@@ -386,7 +386,35 @@ class Worker(Listening, Claiming):
             # this task still ran): only forget our own entry
             if self.active.get(active.run_id) is active:
                 del self.active[active.run_id]
+            if active.fenced is not None:
+                writes = self.executor.writes
+                writes.track(active, self._release_stale(active), busy=False)
             self.wake.set()
+
+    async def _release_stale(self, active: ActiveRun) -> None:
+        """A fenced run whose lease a failover made stale: once nothing of it is in flight
+        here (its tools ended, their sends released), hand it back, so that it is claimed
+        at once rather than when the failover's wait on its lease ends. Any other lease
+        is left alone (``release_stale_lease`` says false)."""
+        assert self.store is not None
+        c = active.claim
+        await self.executor.writes.settled(c.run_id)
+        try:
+            released = await self.store.release_stale_lease(
+                c.run_id, c.lease_id, c.fencing_token, self.worker_id
+            )
+        except Exception as exc:  # its lease expires instead
+            log.info("a fenced run not handed back: %r", exc, extra={"run_id": c.run_id})
+            return
+        if released:
+            log.info(
+                "fenced run handed back after a failover",
+                extra={
+                    "run_id": c.run_id,
+                    "worker_id": self.worker_id,
+                    "fencing_token": c.fencing_token,
+                },
+            )
 
     # -- lease keeper --------------------------------------------------------------------
 
@@ -488,6 +516,7 @@ class Worker(Listening, Claiming):
             },
         )
         if active.task is not None and not active.task.done():
+            active.fenced = active.fenced or why
             active.task.cancel()
 
 

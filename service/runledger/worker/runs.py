@@ -65,6 +65,8 @@ class ActiveRun:
     # a write that ends the lease (the final decision, finish_run, a release) is on its
     # way or done: a renewal that no longer finds the run is its end, not a lost lease
     ending: bool = False
+    # why this worker fenced the run (stopped working on it at once), once it has
+    fenced: str | None = None
     operation: str = "claim"
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     loaded: ClaimedJournal | None = field(default=None, repr=False)

@@ -404,6 +404,17 @@ class Writes:
         task.add_done_callback(self._late.discard)
         return task
 
+    async def settled(self, run_id: str) -> None:
+        """Wait until no background task of this run is left (its tool threads, writes
+        and the releases of its sends), but the caller."""
+        names = (f"late:{run_id}", f"told:{run_id}")
+        while True:
+            me = asyncio.current_task()
+            left = [t for t in self._late if t.get_name() in names and t is not me]
+            if not left:
+                return
+            await asyncio.wait(left)
+
     def busy(self, run_id: str) -> bool:
         """Whether a tool thread or a write of this run is still in flight."""
         return any(t.get_name() == f"late:{run_id}" and not t.done() for t in self._late)

@@ -24,7 +24,8 @@
 --                    _note_commit_guarantee)
 --   03_leases.sql    submit_run, submit_run_v2, _note_timeline (failover detection), _claim
 --                    (the body of the claim), _gone_sessions (session locks),
---                    claim_runs_v4, renew_leases, release_lease (3 and 5 arguments);
+--                    claim_runs_v4, renew_leases, release_lease (3 and 5 arguments),
+--                    release_stale_lease;
 --                    worker registry: _register_worker, register_worker_v2,
 --                    heartbeat_listener, heartbeat_worker, report_stale_write; senders of
 --                    calls in flight: _sender_until, call_sender, release_call; the

@@ -634,6 +634,47 @@ BEGIN
 END
 $$;
 
+-- A worker that fenced a run whose lease was granted before a failover hands it back once
+-- nothing of the run is in flight any more (its tools ended, their sends released): the
+-- run is queued at once instead of when the failover's wait on that lease ends
+-- (_note_timeline). Only such a lease: its token is at most this timeline's floor, so
+-- every write of it is refused, and only its holder (p_worker_id the lease owner) says it
+-- is done with it. True when the run was handed back; false, writing nothing, when the
+-- lease is not the run's current one, has expired, or was granted on this timeline
+-- (release_lease is for that). Like the clean hand-back, the claim's stalled count is
+-- undone: a failover is not the run's fault. Refuses: RL006 (a bad worker id), RL003 (no
+-- such run).
+CREATE FUNCTION runledger.release_stale_lease(p_run_id text, p_lease_id uuid,
+                                              p_fencing_token bigint, p_worker_id text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    r runledger.runs;
+    v_now timestamptz;
+BEGIN
+    PERFORM runledger._check_worker_id(p_worker_id);
+    r := runledger._lock_run(p_run_id);
+    v_now := runledger.now();  -- after the lock, as the lease check
+    IF r.status <> 'running' OR r.lease_id IS DISTINCT FROM p_lease_id
+       OR r.fencing_token IS DISTINCT FROM p_fencing_token
+       OR r.lease_owner IS DISTINCT FROM p_worker_id OR r.lease_expires_at <= v_now
+       OR p_fencing_token > runledger._token_floor() THEN
+        RETURN false;
+    END IF;
+    UPDATE runledger.runs
+    SET status = 'queued', lease_id = NULL, lease_expires_at = NULL, lease_owner = NULL,
+        stalled_claims = greatest(stalled_claims - 1, 0),
+        available_at = v_now, updated_at = v_now
+    WHERE run_id = p_run_id;
+    PERFORM runledger._event(p_run_id, 'lease_released', p_worker_id, p_fencing_token,
+        r.state_version, jsonb_build_object('reason', 'fenced after a failover'), v_now);
+    PERFORM runledger._notify_queued(r.flow, r.flow_version);
+    RETURN true;
+END
+$$;
+
 -- A worker that hit an error of its own (not a lost lease) hands the run back with a
 -- reason. Unlike the clean hand-back above, the claim's stalled count stays: a run that
 -- keeps hitting a worker bug still ends up as a crash loop.

@@ -89,6 +89,7 @@ BEGIN
             runledger.finish_run(text, uuid, bigint, text, jsonb, text),
             runledger.release_lease(text, uuid, bigint),
             runledger.release_lease(text, uuid, bigint, text, jsonb),
+            runledger.release_stale_lease(text, uuid, bigint, text),
             runledger.report_stale_write(text, text, uuid, bigint, text, text),
             runledger.register_worker_v2(text, text, int, text[], boolean, text, uuid, boolean,
                                          interval, text),
