@@ -388,7 +388,7 @@ class Worker(Listening, Claiming):
                 del self.active[active.run_id]
             if active.fenced is not None:
                 writes = self.executor.writes
-                writes.track(active, self._release_stale(active), busy=False)
+                writes.track(active, self._release_stale(active), busy=False, kind="stale")
             self.wake.set()
 
     async def _release_stale(self, active: ActiveRun) -> None:

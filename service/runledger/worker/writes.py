@@ -394,23 +394,26 @@ class Writes:
                 },
             )
 
-    def track(self, active: ActiveRun, aw: Awaitable[T], *, busy: bool = True) -> asyncio.Future[T]:
+    def track(
+        self, active: ActiveRun, aw: Awaitable[T], *, busy: bool = True, kind: str | None = None
+    ) -> asyncio.Future[T]:
         """Keep a background task of this run (a tool thread's result, a write in flight).
         ``busy=False``: one that need not hold the lease back (:meth:`busy` leaves it out),
-        such as the release of a send that has ended."""
+        such as the release of a send that has ended. ``kind``: another name, for one that
+        :meth:`settled` does not wait for either (the hand-back of a fenced run)."""
         task = asyncio.ensure_future(aw)
-        task.set_name(f"late:{active.run_id}" if busy else f"told:{active.run_id}")
+        task.set_name(f"{kind or ('late' if busy else 'told')}:{active.run_id}")
         self._late.add(task)
         task.add_done_callback(self._late.discard)
         return task
 
     async def settled(self, run_id: str) -> None:
-        """Wait until no background task of this run is left (its tool threads, writes
-        and the releases of its sends), but the caller."""
+        """Wait until no background task of this run is left: its tool threads, writes
+        and the releases of its sends (not the hand-backs of its fenced leases, which
+        wait for this themselves)."""
         names = (f"late:{run_id}", f"told:{run_id}")
         while True:
-            me = asyncio.current_task()
-            left = [t for t in self._late if t.get_name() in names and t is not me]
+            left = [t for t in self._late if t.get_name() in names]
             if not left:
                 return
             await asyncio.wait(left)
