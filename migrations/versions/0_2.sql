@@ -9,15 +9,14 @@ ALTER TABLE runledger.timelines ADD COLUMN lossless boolean, ADD COLUMN evidence
 
 -- How the commits of the workers' sessions were acknowledged, as their claims saw it: a
 -- row each time a claim finds synchronous_commit (the claiming session's) or
--- synchronous_standby_names (the server's) other than the last row says. synchronous:
--- an acknowledged commit was on every standby synchronous_standby_names lists
--- (runledger._synchronous). Read when a failover is detected: the evidence of whether
--- it could lose an acknowledged commit (docs/failover.md). Append-only, like timelines.
+-- synchronous_standby_names (the server's) other than the last row says. Read when a
+-- failover is detected, and judged then by runledger._synchronous: the evidence of
+-- whether it could lose an acknowledged commit (docs/failover.md). Append-only, like
+-- timelines.
 CREATE TABLE runledger.commit_guarantees (
     position integer NOT NULL,
     synchronous_commit text NOT NULL,
     synchronous_standby_names text NOT NULL,
-    synchronous boolean NOT NULL,
     timeline integer NOT NULL,
     seen_at timestamptz NOT NULL,
     seen_by text,
@@ -32,6 +31,12 @@ CREATE TRIGGER tg_commit_guarantees_no_truncate BEFORE TRUNCATE ON runledger.com
     FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_failover_record();
 ALTER TABLE runledger.commit_guarantees ENABLE ALWAYS TRIGGER tg_commit_guarantees_no_truncate;
 
+-- Whether a commit acknowledged under these settings is on every standby
+-- synchronous_standby_names lists, so that promoting any of them loses no acknowledged
+-- commit: synchronous_commit waits for the standbys (on, remote_write, remote_apply), and
+-- the list asks for as many standbys as it names ('n2'; 'FIRST 2 (n2, n3)'; 'ANY 2 (n2,
+-- n3)'). Not so for an empty list, for '*', or for fewer than it names ('n2, n3' is
+-- FIRST 1: n3 is only a candidate; 'ANY 1 (n2, n3)': either one may lack a commit).
 CREATE FUNCTION runledger._synchronous(p_commit text, p_names text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -53,6 +58,10 @@ BEGIN
 END
 $$;
 
+-- The witness of how commits are acknowledged (runledger.commit_guarantees), kept by
+-- every claim after its failover check: a row when the claiming session's
+-- synchronous_commit or the server's synchronous_standby_names differ from the last row.
+-- One read by primary key when nothing changed.
 CREATE FUNCTION runledger._note_commit_guarantee(p_actor text, p_now timestamptz,
                                                  p_timeline integer) RETURNS void
 LANGUAGE plpgsql
@@ -75,13 +84,34 @@ BEGIN
         RETURN;
     END IF;
     INSERT INTO runledger.commit_guarantees (position, synchronous_commit,
-                                             synchronous_standby_names, synchronous, timeline,
-                                             seen_at, seen_by)
-    VALUES (coalesce(v_last.position, 0) + 1, v_commit, v_names,
-            runledger._synchronous(v_commit, v_names), p_timeline, p_now, p_actor);
+                                             synchronous_standby_names, timeline, seen_at,
+                                             seen_by)
+    VALUES (coalesce(v_last.position, 0) + 1, v_commit, v_names, p_timeline, p_now, p_actor);
 END
 $$;
 
+-- Failover. The current timeline, recorded: when the server is on another
+-- timeline than the last one runledger.timelines names (a promoted standby, or a restore),
+-- the first claim to see it records the new timeline and what it means for every run that
+-- was not finished (docs/failover.md). Whether the promotion could lose an acknowledged
+-- commit is decided from the last row of runledger.commit_guarantees: how the workers'
+-- commits were acknowledged before it.
+--   * Lossless (every acknowledged commit was on every synchronous standby, and the HA
+--     manager promotes only one of them): nothing is doubted. The leases held end within
+--     10 s (their tokens are under the new floor: their writes are refused), and each
+--     running run gets a failover_detected event saying so; queued and paused runs are
+--     left alone.
+--   * Otherwise, for every unfinished run, what may have been lost with the commits of the
+--     old timeline:
+--     - a lease held then ends (as above);
+--     - a planned call (not awaiting approval) may have been dispatched and sent on the
+--       lost timeline: it is marked dispatched, so that whoever claims the run next
+--       recovers it by its safety class (lookup, same key, or unknown) instead of sending
+--       it as new;
+--     - the run is listed in runledger.failover_runs with the turn from which its calls
+--       are suspect, and gets a failover_detected event.
+-- Claims on the old timeline's leases wait for this transaction (the run rows are locked).
+-- An empty table (never seen) records the current timeline and nothing else.
 CREATE OR REPLACE FUNCTION runledger._note_timeline(p_actor text, p_now timestamptz) RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -107,7 +137,9 @@ BEGIN
         -- the failover notes the new timeline's guarantee only after this)
         SELECT * INTO v_guarantee FROM runledger.commit_guarantees g
         ORDER BY g.position DESC LIMIT 1;
-        v_lossless := coalesce(v_guarantee.synchronous, false);
+        v_lossless := coalesce(runledger._synchronous(v_guarantee.synchronous_commit,
+                                                      v_guarantee.synchronous_standby_names),
+                               false);
         v_evidence := jsonb_build_object('commit_guarantee',
             CASE WHEN v_guarantee.position IS NOT NULL THEN to_jsonb(v_guarantee) END);
         -- the runs it affects, locked (in a fixed order) until the end of the claim: those
@@ -135,90 +167,85 @@ BEGIN
         -- Nothing acknowledged was lost: the runs are as their holders left them. Their
         -- leases end as below (the holders fence themselves; their calls in flight are
         -- released to the next holder or waited for), and nothing is doubted.
-        FOR v_run IN
-            UPDATE runledger.runs r
-            SET lease_expires_at = least(r.lease_expires_at, p_now + interval '10 seconds'),
-                lease_lock = NULL, updated_at = p_now
+        UPDATE runledger.runs r
+        SET lease_expires_at = least(r.lease_expires_at, p_now + interval '10 seconds'),
+            lease_lock = NULL, updated_at = p_now
+        WHERE r.run_id = ANY (v_runs);
+    ELSE
+        WITH affected AS (
+            SELECT r.run_id, r.status, r.lease_owner, r.fencing_token,
+                   coalesce((SELECT max(t.turn) FROM runledger.run_turns t
+                             WHERE t.run_id = r.run_id), 0) AS turn
+            FROM runledger.runs r
             WHERE r.run_id = ANY (v_runs)
-            RETURNING r.run_id, r.status, r.lease_owner, r.fencing_token, r.state_version
-        LOOP
-            PERFORM runledger._event(v_run.run_id, 'failover_detected', p_actor, NULL,
-                v_run.state_version,
-                jsonb_build_object('timeline', v_timeline, 'previous_timeline', v_last.timeline,
-                                   'status', v_run.status, 'lease_owner', v_run.lease_owner,
-                                   'fencing_token', v_run.fencing_token, 'lossless', true,
-                                   'suspect_from_turn', NULL,
-                                   'marked_dispatched', '[]'::jsonb,
-                                   'last_replay_at', pg_last_xact_replay_timestamp()),
-                p_now);
-        END LOOP;
-        RETURN;
+        ), marked AS (
+            UPDATE runledger.run_calls c
+            -- an attempt under the run's last surviving token: the dispatch that may be lost
+            SET status = 'dispatched', attempts = c.attempts + 1,
+                dispatched_token = a.fencing_token, dispatched_by = 'failover',
+                dispatched_at = p_now
+            FROM affected a
+            WHERE c.run_id = a.run_id AND c.status = 'planned'
+              AND c.approval IS DISTINCT FROM 'pending'
+            RETURNING c.run_id, c.idempotency_key
+        ), ended AS (
+            -- Not taken over at once. The holder, cut off with the old primary,
+            -- may still have a call in flight at a provider; it fences itself within its
+            -- listener's budget (5 s), so the run waits 10 s before anyone claims it, and a
+            -- lookup by the next holder then sees that call's effect. Its session lock is
+            -- cleared: that session never existed here, and its key would look free at once.
+            UPDATE runledger.runs r
+            SET lease_expires_at = p_now + interval '10 seconds', lease_lock = NULL,
+                updated_at = p_now
+            FROM affected a
+            WHERE r.run_id = a.run_id AND r.status = 'running'
+            RETURNING r.run_id
+        ), delayed AS (
+            -- a queued run may have been claimed on the lost timeline: the same wait
+            UPDATE runledger.runs r
+            SET available_at = greatest(r.available_at, p_now + interval '10 seconds'),
+                updated_at = p_now
+            FROM affected a
+            WHERE r.run_id = a.run_id AND r.status = 'queued'
+            RETURNING r.run_id
+        )
+        INSERT INTO runledger.failover_runs (run_id, position, status, lease_owner,
+                                             fencing_token, turn, marked_calls)
+        SELECT a.run_id, v_position, a.status, a.lease_owner, a.fencing_token, a.turn,
+               ARRAY(SELECT m.idempotency_key FROM marked m WHERE m.run_id = a.run_id
+                     ORDER BY m.idempotency_key)
+        FROM affected a
+        -- the lease UPDATE runs with the statement even where nothing reads it
+        LEFT JOIN (SELECT count(*) AS n FROM ended) e ON true;
     END IF;
 
-    WITH affected AS (
-        SELECT r.run_id, r.status, r.lease_owner, r.fencing_token,
-               coalesce((SELECT max(t.turn) FROM runledger.run_turns t
-                         WHERE t.run_id = r.run_id), 0) AS turn
-        FROM runledger.runs r
-        WHERE r.run_id = ANY (v_runs)
-    ), marked AS (
-        UPDATE runledger.run_calls c
-        -- an attempt under the run's last surviving token: the dispatch that may be lost
-        SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = a.fencing_token,
-            dispatched_by = 'failover', dispatched_at = p_now
-        FROM affected a
-        WHERE c.run_id = a.run_id AND c.status = 'planned'
-          AND c.approval IS DISTINCT FROM 'pending'
-        RETURNING c.run_id, c.idempotency_key
-    ), ended AS (
-        -- Not taken over at once. The holder, cut off with the old primary,
-        -- may still have a call in flight at a provider; it fences itself within its
-        -- listener's budget (5 s), so the run waits 10 s before anyone claims it, and a
-        -- lookup by the next holder then sees that call's effect. Its session lock is
-        -- cleared: that session never existed here, and its key would look free at once.
-        UPDATE runledger.runs r
-        SET lease_expires_at = p_now + interval '10 seconds', lease_lock = NULL,
-            updated_at = p_now
-        FROM affected a
-        WHERE r.run_id = a.run_id AND r.status = 'running'
-        RETURNING r.run_id
-    ), delayed AS (
-        -- a queued run may have been claimed on the lost timeline: the same wait
-        UPDATE runledger.runs r
-        SET available_at = greatest(r.available_at, p_now + interval '10 seconds'),
-            updated_at = p_now
-        FROM affected a
-        WHERE r.run_id = a.run_id AND r.status = 'queued'
-        RETURNING r.run_id
-    )
-    INSERT INTO runledger.failover_runs (run_id, position, status, lease_owner, fencing_token,
-                                         turn, marked_calls)
-    SELECT a.run_id, v_position, a.status, a.lease_owner, a.fencing_token, a.turn,
-           ARRAY(SELECT m.idempotency_key FROM marked m WHERE m.run_id = a.run_id
-                 ORDER BY m.idempotency_key)
-    FROM affected a
-    -- the lease UPDATE runs with the statement even where nothing reads it
-    LEFT JOIN (SELECT count(*) AS n FROM ended) e ON true;
-
+    -- an event per affected run, as it was (the updates above leave its status, holder
+    -- and token); what is doubted of it, when anything is, from its failover_runs row
     FOR v_run IN
-        SELECT f.run_id, f.status, f.lease_owner, f.fencing_token, f.turn, f.marked_calls,
-               r.state_version
-        FROM runledger.failover_runs f JOIN runledger.runs r ON r.run_id = f.run_id
-        WHERE f.position = v_position
+        SELECT r.run_id, r.status, r.lease_owner, r.fencing_token, r.state_version, f.turn,
+               f.marked_calls
+        FROM runledger.runs r
+        LEFT JOIN runledger.failover_runs f ON f.run_id = r.run_id AND f.position = v_position
+        WHERE r.run_id = ANY (v_runs) ORDER BY r.run_id
     LOOP
         PERFORM runledger._event(v_run.run_id, 'failover_detected', p_actor, NULL,
             v_run.state_version,
             jsonb_build_object('timeline', v_timeline, 'previous_timeline', v_last.timeline,
                                'status', v_run.status, 'lease_owner', v_run.lease_owner,
-                               'fencing_token', v_run.fencing_token, 'lossless', false,
+                               'fencing_token', v_run.fencing_token, 'lossless', v_lossless,
                                'suspect_from_turn', v_run.turn,
-                               'marked_dispatched', to_jsonb(v_run.marked_calls),
+                               'marked_dispatched',
+                               coalesce(to_jsonb(v_run.marked_calls), '[]'::jsonb),
                                'last_replay_at', pg_last_xact_replay_timestamp()),
             p_now);
     END LOOP;
 END
 $$;
 
+-- The one body of the claim, which claim_runs_v4 and finish_and_claim select their
+-- columns from (internal, granted to no one, like every helper). p_read: with each run the worker's per-run read (the journal unless
+-- the run is stalled, failover_turn), in the claim statement itself; without it those
+-- columns are NULL and nothing more is read.
 CREATE OR REPLACE FUNCTION runledger._claim(p_worker_id text, p_flows text[], p_lease interval,
                                   p_max_runs int, p_read boolean)
 RETURNS TABLE (run_id text, flow text, flow_version text, input jsonb, state jsonb,

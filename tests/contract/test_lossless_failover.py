@@ -47,8 +47,8 @@ def admin(connect: Connect) -> Conn:
 def witness(admin: Conn) -> list[dict[str, Any]]:
     return rows(
         admin,
-        "SELECT position, synchronous_commit, synchronous_standby_names, synchronous, "
-        "timeline, seen_by FROM runledger.commit_guarantees ORDER BY position",
+        "SELECT position, synchronous_commit, synchronous_standby_names, timeline, seen_by "
+        "FROM runledger.commit_guarantees ORDER BY position",
     )
 
 
@@ -56,10 +56,10 @@ def pretend_synchronous(admin: Conn, names: str = "n2", commit: str = "on") -> N
     """The workers' claims last saw their commits wait for the standbys ``names``."""
     admin.execute(
         "INSERT INTO runledger.commit_guarantees (position, synchronous_commit, "
-        "synchronous_standby_names, synchronous, timeline, seen_at, seen_by) "
-        "SELECT coalesce(max(position), 0) + 1, %s, %s, runledger._synchronous(%s, %s), "
-        "runledger._timeline(), now(), 'w1' FROM runledger.commit_guarantees",
-        (commit, names, commit, names),
+        "synchronous_standby_names, timeline, seen_at, seen_by) "
+        "SELECT coalesce(max(position), 0) + 1, %s, %s, runledger._timeline(), now(), 'w1' "
+        "FROM runledger.commit_guarantees",
+        (commit, names),
     )
 
 
@@ -99,7 +99,6 @@ def test_the_claims_keep_the_witness_and_add_a_row_only_on_a_change(
         "position": 1,
         "synchronous_commit": setting,
         "synchronous_standby_names": "",  # the test server has no standby
-        "synchronous": False,
         "timeline": timeline(admin),
         "seen_by": "w1",
     }
@@ -120,12 +119,12 @@ def test_the_claims_keep_the_witness_and_add_a_row_only_on_a_change(
 def test_the_witness_is_append_only(worker: Conn, admin: Conn) -> None:
     claim_v4(worker, "w1")
     with sqlstate("RL007"):
-        admin.execute("UPDATE runledger.commit_guarantees SET synchronous = true")
+        admin.execute("UPDATE runledger.commit_guarantees SET synchronous_standby_names = 'n2'")
     with sqlstate("RL007"):
         admin.execute("DELETE FROM runledger.commit_guarantees")
     with sqlstate("42501"):  # a worker reads it, and writes it only through a claim
         worker.execute(
-            "INSERT INTO runledger.commit_guarantees VALUES (9, 'on', 'n2', true, 1, now(), 'x')"
+            "INSERT INTO runledger.commit_guarantees VALUES (9, 'on', 'n2', 1, now(), 'x')"
         )
 
 
@@ -146,7 +145,7 @@ def test_a_lossless_failover_ends_the_leases_and_doubts_nothing(worker: Conn, ad
     assert (seen["timeline"], seen["previous_timeline"], seen["lossless"]) == (now, now + 1, True)
     assert seen["affected_runs"] == 1  # the run holding a lease
     evidence = seen["evidence"]["commit_guarantee"]
-    assert (evidence["synchronous_standby_names"], evidence["synchronous"]) == ("n2", True)
+    assert (evidence["synchronous_commit"], evidence["synchronous_standby_names"]) == ("on", "n2")
     assert rows(admin, "SELECT * FROM runledger.failover_runs") == []
     # nothing marked: the planned call is planned, the dispatched one as its holder left it
     assert call_row(admin, key("held", 0, "c1"))["status"] == "planned"

@@ -97,7 +97,7 @@ async def test_a_lossless_failover_is_not_a_violation(
     admin_conn.execute("SELECT * FROM runledger.submit_run('aud-open', 'demo', '1', '{}'::jsonb)")
     admin_conn.execute(
         "INSERT INTO runledger.commit_guarantees SELECT coalesce(max(position), 0) + 1, "
-        "'on', 'n2', true, runledger._timeline(), now(), 'w0' FROM runledger.commit_guarantees"
+        "'on', 'n2', runledger._timeline(), now(), 'w0' FROM runledger.commit_guarantees"
     )
     admin_conn.execute(
         "INSERT INTO runledger.timelines (position, timeline, seen_at) "

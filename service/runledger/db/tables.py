@@ -293,7 +293,6 @@ commit_guarantees: Final = Table(
     Column("position", Integer, nullable=False, autoincrement=False),
     Column("synchronous_commit", Text, nullable=False),
     Column("synchronous_standby_names", Text, nullable=False),
-    Column("synchronous", Boolean, nullable=False),
     Column("timeline", Integer, nullable=False),
     Column("seen_at", _tstz(), nullable=False),
     Column("seen_by", Text, nullable=True),

@@ -476,14 +476,14 @@ class Calls:
                     extra={
                         "run_id": c.run_id,
                         "key": call.idempotency_key,
-                        "ended": released.get("ended", "its lease expired"),
+                        "ended": ended,
                     },
                 )
                 fresh = evolve(
                     known,
                     sender_active=False,
                     looked_up=LookedUp.NOT_ASKED,
-                    sender_ended=str(ended),
+                    sender_ended=ended,
                 )
                 if released.get("ended") == "not_sent":  # certainly not sent: send it
                     return evolve(fresh, window=Window.PLANNED), (None, None)

@@ -408,15 +408,14 @@ CREATE TABLE runledger.timelines (
 
 -- How the commits of the workers' sessions were acknowledged, as their claims saw it: a
 -- row each time a claim finds synchronous_commit (the claiming session's) or
--- synchronous_standby_names (the server's) other than the last row says. synchronous:
--- an acknowledged commit was on every standby synchronous_standby_names lists
--- (runledger._synchronous). Read when a failover is detected: the evidence of whether
--- it could lose an acknowledged commit (docs/failover.md). Append-only, like timelines.
+-- synchronous_standby_names (the server's) other than the last row says. Read when a
+-- failover is detected, and judged then by runledger._synchronous: the evidence of
+-- whether it could lose an acknowledged commit (docs/failover.md). Append-only, like
+-- timelines.
 CREATE TABLE runledger.commit_guarantees (
     position integer NOT NULL,
     synchronous_commit text NOT NULL,
     synchronous_standby_names text NOT NULL,
-    synchronous boolean NOT NULL,
     timeline integer NOT NULL,
     seen_at timestamptz NOT NULL,
     seen_by text,

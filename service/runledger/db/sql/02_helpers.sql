@@ -769,9 +769,8 @@ BEGIN
         RETURN;
     END IF;
     INSERT INTO runledger.commit_guarantees (position, synchronous_commit,
-                                             synchronous_standby_names, synchronous, timeline,
-                                             seen_at, seen_by)
-    VALUES (coalesce(v_last.position, 0) + 1, v_commit, v_names,
-            runledger._synchronous(v_commit, v_names), p_timeline, p_now, p_actor);
+                                             synchronous_standby_names, timeline, seen_at,
+                                             seen_by)
+    VALUES (coalesce(v_last.position, 0) + 1, v_commit, v_names, p_timeline, p_now, p_actor);
 END
 $$;

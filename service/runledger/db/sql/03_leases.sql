@@ -129,7 +129,9 @@ BEGIN
         -- the failover notes the new timeline's guarantee only after this)
         SELECT * INTO v_guarantee FROM runledger.commit_guarantees g
         ORDER BY g.position DESC LIMIT 1;
-        v_lossless := coalesce(v_guarantee.synchronous, false);
+        v_lossless := coalesce(runledger._synchronous(v_guarantee.synchronous_commit,
+                                                      v_guarantee.synchronous_standby_names),
+                               false);
         v_evidence := jsonb_build_object('commit_guarantee',
             CASE WHEN v_guarantee.position IS NOT NULL THEN to_jsonb(v_guarantee) END);
         -- the runs it affects, locked (in a fixed order) until the end of the claim: those
@@ -157,84 +159,75 @@ BEGIN
         -- Nothing acknowledged was lost: the runs are as their holders left them. Their
         -- leases end as below (the holders fence themselves; their calls in flight are
         -- released to the next holder or waited for), and nothing is doubted.
-        FOR v_run IN
-            UPDATE runledger.runs r
-            SET lease_expires_at = least(r.lease_expires_at, p_now + interval '10 seconds'),
-                lease_lock = NULL, updated_at = p_now
+        UPDATE runledger.runs r
+        SET lease_expires_at = least(r.lease_expires_at, p_now + interval '10 seconds'),
+            lease_lock = NULL, updated_at = p_now
+        WHERE r.run_id = ANY (v_runs);
+    ELSE
+        WITH affected AS (
+            SELECT r.run_id, r.status, r.lease_owner, r.fencing_token,
+                   coalesce((SELECT max(t.turn) FROM runledger.run_turns t
+                             WHERE t.run_id = r.run_id), 0) AS turn
+            FROM runledger.runs r
             WHERE r.run_id = ANY (v_runs)
-            RETURNING r.run_id, r.status, r.lease_owner, r.fencing_token, r.state_version
-        LOOP
-            PERFORM runledger._event(v_run.run_id, 'failover_detected', p_actor, NULL,
-                v_run.state_version,
-                jsonb_build_object('timeline', v_timeline, 'previous_timeline', v_last.timeline,
-                                   'status', v_run.status, 'lease_owner', v_run.lease_owner,
-                                   'fencing_token', v_run.fencing_token, 'lossless', true,
-                                   'suspect_from_turn', NULL,
-                                   'marked_dispatched', '[]'::jsonb,
-                                   'last_replay_at', pg_last_xact_replay_timestamp()),
-                p_now);
-        END LOOP;
-        RETURN;
+        ), marked AS (
+            UPDATE runledger.run_calls c
+            -- an attempt under the run's last surviving token: the dispatch that may be lost
+            SET status = 'dispatched', attempts = c.attempts + 1,
+                dispatched_token = a.fencing_token, dispatched_by = 'failover',
+                dispatched_at = p_now
+            FROM affected a
+            WHERE c.run_id = a.run_id AND c.status = 'planned'
+              AND c.approval IS DISTINCT FROM 'pending'
+            RETURNING c.run_id, c.idempotency_key
+        ), ended AS (
+            -- Not taken over at once. The holder, cut off with the old primary,
+            -- may still have a call in flight at a provider; it fences itself within its
+            -- listener's budget (5 s), so the run waits 10 s before anyone claims it, and a
+            -- lookup by the next holder then sees that call's effect. Its session lock is
+            -- cleared: that session never existed here, and its key would look free at once.
+            UPDATE runledger.runs r
+            SET lease_expires_at = p_now + interval '10 seconds', lease_lock = NULL,
+                updated_at = p_now
+            FROM affected a
+            WHERE r.run_id = a.run_id AND r.status = 'running'
+            RETURNING r.run_id
+        ), delayed AS (
+            -- a queued run may have been claimed on the lost timeline: the same wait
+            UPDATE runledger.runs r
+            SET available_at = greatest(r.available_at, p_now + interval '10 seconds'),
+                updated_at = p_now
+            FROM affected a
+            WHERE r.run_id = a.run_id AND r.status = 'queued'
+            RETURNING r.run_id
+        )
+        INSERT INTO runledger.failover_runs (run_id, position, status, lease_owner,
+                                             fencing_token, turn, marked_calls)
+        SELECT a.run_id, v_position, a.status, a.lease_owner, a.fencing_token, a.turn,
+               ARRAY(SELECT m.idempotency_key FROM marked m WHERE m.run_id = a.run_id
+                     ORDER BY m.idempotency_key)
+        FROM affected a
+        -- the lease UPDATE runs with the statement even where nothing reads it
+        LEFT JOIN (SELECT count(*) AS n FROM ended) e ON true;
     END IF;
 
-    WITH affected AS (
-        SELECT r.run_id, r.status, r.lease_owner, r.fencing_token,
-               coalesce((SELECT max(t.turn) FROM runledger.run_turns t
-                         WHERE t.run_id = r.run_id), 0) AS turn
-        FROM runledger.runs r
-        WHERE r.run_id = ANY (v_runs)
-    ), marked AS (
-        UPDATE runledger.run_calls c
-        -- an attempt under the run's last surviving token: the dispatch that may be lost
-        SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = a.fencing_token,
-            dispatched_by = 'failover', dispatched_at = p_now
-        FROM affected a
-        WHERE c.run_id = a.run_id AND c.status = 'planned'
-          AND c.approval IS DISTINCT FROM 'pending'
-        RETURNING c.run_id, c.idempotency_key
-    ), ended AS (
-        -- Not taken over at once. The holder, cut off with the old primary,
-        -- may still have a call in flight at a provider; it fences itself within its
-        -- listener's budget (5 s), so the run waits 10 s before anyone claims it, and a
-        -- lookup by the next holder then sees that call's effect. Its session lock is
-        -- cleared: that session never existed here, and its key would look free at once.
-        UPDATE runledger.runs r
-        SET lease_expires_at = p_now + interval '10 seconds', lease_lock = NULL,
-            updated_at = p_now
-        FROM affected a
-        WHERE r.run_id = a.run_id AND r.status = 'running'
-        RETURNING r.run_id
-    ), delayed AS (
-        -- a queued run may have been claimed on the lost timeline: the same wait
-        UPDATE runledger.runs r
-        SET available_at = greatest(r.available_at, p_now + interval '10 seconds'),
-            updated_at = p_now
-        FROM affected a
-        WHERE r.run_id = a.run_id AND r.status = 'queued'
-        RETURNING r.run_id
-    )
-    INSERT INTO runledger.failover_runs (run_id, position, status, lease_owner, fencing_token,
-                                         turn, marked_calls)
-    SELECT a.run_id, v_position, a.status, a.lease_owner, a.fencing_token, a.turn,
-           ARRAY(SELECT m.idempotency_key FROM marked m WHERE m.run_id = a.run_id
-                 ORDER BY m.idempotency_key)
-    FROM affected a
-    -- the lease UPDATE runs with the statement even where nothing reads it
-    LEFT JOIN (SELECT count(*) AS n FROM ended) e ON true;
-
+    -- an event per affected run, as it was (the updates above leave its status, holder
+    -- and token); what is doubted of it, when anything is, from its failover_runs row
     FOR v_run IN
-        SELECT f.run_id, f.status, f.lease_owner, f.fencing_token, f.turn, f.marked_calls,
-               r.state_version
-        FROM runledger.failover_runs f JOIN runledger.runs r ON r.run_id = f.run_id
-        WHERE f.position = v_position
+        SELECT r.run_id, r.status, r.lease_owner, r.fencing_token, r.state_version, f.turn,
+               f.marked_calls
+        FROM runledger.runs r
+        LEFT JOIN runledger.failover_runs f ON f.run_id = r.run_id AND f.position = v_position
+        WHERE r.run_id = ANY (v_runs) ORDER BY r.run_id
     LOOP
         PERFORM runledger._event(v_run.run_id, 'failover_detected', p_actor, NULL,
             v_run.state_version,
             jsonb_build_object('timeline', v_timeline, 'previous_timeline', v_last.timeline,
                                'status', v_run.status, 'lease_owner', v_run.lease_owner,
-                               'fencing_token', v_run.fencing_token, 'lossless', false,
+                               'fencing_token', v_run.fencing_token, 'lossless', v_lossless,
                                'suspect_from_turn', v_run.turn,
-                               'marked_dispatched', to_jsonb(v_run.marked_calls),
+                               'marked_dispatched',
+                               coalesce(to_jsonb(v_run.marked_calls), '[]'::jsonb),
                                'last_replay_at', pg_last_xact_replay_timestamp()),
             p_now);
     END LOOP;
