@@ -19,6 +19,7 @@ from runledger.flows import (
     Receipt,
     ToolCall,
     ToolContext,
+    Unknowable,
     tool_context,
 )
 from runledger.model import Safety
@@ -38,6 +39,7 @@ __all__ = [
     "Safety",
     "ToolCall",
     "ToolContext",
+    "Unknowable",
     "VersionConflict",
     "tool_context",
 ]

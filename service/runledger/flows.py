@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import datetime as dt
 import inspect
 import json
 import logging
@@ -78,6 +79,18 @@ class NotApplied(Exception):
         self.retry = retry
 
 
+class Unknowable(Exception):
+    """Raised by a lookup: the provider cannot tell whether the key took effect, for
+    instance because its record of the key is past the provider's retention window. The
+    call becomes ``unknown`` at once, neither sent again nor asked again: a person
+    decides, from the ``facts`` kept with it (what was asked, what was seen)."""
+
+    def __init__(self, reason: str, **facts: Any) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.facts = facts
+
+
 class InvalidDecision(Exception):
     """The policy asked for an unknown tool or arguments that do not fit its signature."""
 
@@ -93,6 +106,20 @@ class ToolContext:
     fencing_token: int
     attempt: int
     lease_deadline: Callable[[], float] = field(repr=False)
+    # when this key was first sent, and when its current attempt was (UTC; the database's
+    # clock for a dispatch another holder made): a provider's lookup judges the key's age
+    # by the first (its idempotency records expire), and whether a request may still be on
+    # its way by the second. None: not sent before (the tool, on its first attempt).
+    first_sent_at: dt.datetime | None = None
+    sent_at: dt.datetime | None = None
+    # what the tool or its lookup observed (ToolContext.observe)
+    observed: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
+
+    def observe(self, **facts: Any) -> None:
+        """Keep facts about this send or lookup: what was asked, what the provider
+        answered, its request id. They are journaled with the call if it becomes
+        ``unknown``, for the person who decides it (``runledger unknown``, ``show``)."""
+        self.observed.append(facts)
 
     @property
     def deadline(self) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +107,16 @@ def call_from_row(r: Row) -> Call:
         approval=Approval(r["approval"]) if r.get("approval") is not None else None,
         approval_by=r.get("approval_by"),
         dispatched_by=r.get("dispatched_by"),
+        dispatched_at=_instant(r.get("dispatched_at")),
+        first_dispatched_at=_instant(r.get("first_dispatched_at")),
     )
+
+
+def _instant(value: Any) -> dt.datetime | None:
+    """A ``timestamptz`` as a row gives it, or as the claim's JSON does (ISO 8601)."""
+    if value is None or isinstance(value, dt.datetime):
+        return value
+    return dt.datetime.fromisoformat(value)
 
 
 def turn_from_row(r: Row) -> Turn:

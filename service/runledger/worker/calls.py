@@ -17,10 +17,19 @@ from enum import Enum
 from typing import Any
 
 from runledger import errors
-from runledger.flows import Flow, NotApplied, Tool, ToolContext, invoke, using_tool_context
+from runledger.flows import (
+    Flow,
+    NotApplied,
+    Tool,
+    ToolContext,
+    Unknowable,
+    invoke,
+    using_tool_context,
+)
 from runledger.model import Approval, Call, CallSender, CallStatus, Outcome, evolve
 from runledger.worker import recovery, tracing
 from runledger.worker.crash import CrashPoints
+from runledger.worker.evidence import Trail
 from runledger.worker.liveness import process_gone
 from runledger.worker.recovery import Known, LookedUp, Window
 from runledger.worker.runs import (
@@ -172,6 +181,8 @@ class Calls:
             )
         attempt = call.attempts  # the attempt number the tool and its lookup see
         in_hand: tuple[Any, dict[str, Any] | None] = (None, None)  # result, receipt
+        # the key's send times and this holder's steps: evidence if the call ends unknown
+        trail = Trail(first_sent=call.first_dispatched_at, sent=call.dispatched_at)
         sends = Backoff(self.limits)
         asks = Backoff(self.limits)
         # how this holder's own send of the call ended, while that is not journaled yet:
@@ -193,7 +204,9 @@ class Calls:
                     case recovery.ToolMissing():
                         return Settled.TOOL_MISSING, None
                     case recovery.MarkUnknown(error=error):
-                        await self.writes.complete(active, call, Outcome.UNKNOWN, error, None)
+                        await self.writes.complete(
+                            active, call, Outcome.UNKNOWN, trail.attach(error), None
+                        )
                         return Settled.PAUSED, None
                     case recovery.Complete(outcome=outcome, error=error):
                         final = outcome in (Outcome.SUCCEEDED, Outcome.FAILED)
@@ -229,25 +242,28 @@ class Calls:
                         attempt = await self.writes.dispatch(
                             active, call, attempts_seen=known.attempts + known.tries
                         )
+                        trail.dispatched()
                         known = evolve(
                             known, window=Window.IN_FLIGHT, suspect=False, attempts=attempt
                         )
                     case recovery.AwaitSender():
-                        known, in_hand = await self._await_sender(active, call, known)
+                        known, in_hand = await self._await_sender(active, call, known, trail)
                     case recovery.Lookup(backoff=wait):
                         assert tool is not None
                         if wait:
                             await asks.sleep()
                         else:
                             asks = Backoff(self.limits)
-                        known, in_hand = await self._lookup(active, tool, call, attempt, known)
+                        known, in_hand = await self._lookup(
+                            active, tool, call, attempt, known, trail
+                        )
                     case recovery.Dispatch(backoff=wait):
                         assert tool is not None
                         if wait:
                             await sends.sleep()
                         try:
                             attempt, known, in_hand = await self._send(
-                                active, tool, call, known, dispatched, ended
+                                active, tool, call, known, trail, dispatched, ended
                             )
                         except errors.SenderActive:
                             # the database found the earlier sender still on its way (a
@@ -293,6 +309,7 @@ class Calls:
         tool: Tool[Any],
         call: Call,
         known: Known,
+        trail: Trail,
         dispatched: int | None = None,
         ended: list[Ended | None] | None = None,
     ) -> tuple[int, Known, tuple[Any, dict[str, Any] | None]]:
@@ -310,6 +327,7 @@ class Calls:
             )
         else:
             attempt = dispatched
+        trail.dispatched()
         if ended is not None:
             ended[0] = None
         try:
@@ -327,8 +345,9 @@ class Calls:
             lookups_failed=0,
             lookup_error=None,
         )
-        ctx = self._tool_ctx(active, call, attempt)
+        ctx = self._tool_ctx(active, call, attempt, trail)
         timeout = tool.timeout or self.limits.tool_timeout
+        started = time.monotonic()
         # the task copies the context when it is created: runledger.tool_context() in the
         # tool (and in its thread, for a plain def) is this call's, whatever happens here
         with using_tool_context(ctx):
@@ -339,6 +358,14 @@ class Calls:
             self._abandon(active, tool, call, work)
             raise
         except NotApplied as na:
+            trail.add(
+                "send",
+                started,
+                ctx.observed,
+                attempt=attempt,
+                ended="not_applied",
+                reason=na.reason,
+            )
             return (
                 attempt,
                 evolve(sent, window=Window.NOT_APPLIED, reason=na.reason, retry=na.retry),
@@ -354,25 +381,46 @@ class Calls:
                     "error": repr(exc),
                 },
             )
+            trail.add(
+                "send", started, ctx.observed, attempt=attempt, ended="raised", error=error_of(exc)
+            )
             return (
                 attempt,
                 evolve(sent, window=Window.AMBIGUOUS, error=error_of(exc)),
                 (None, None),
             )
         self.crash.hit("after_effect", tool.name)
+        trail.add("send", started, ctx.observed, attempt=attempt, ended="returned")
         return attempt, evolve(sent, window=Window.RETURNED), unpack(value)
 
     async def _lookup(
-        self, active: ActiveRun, tool: Tool[Any], call: Call, attempt: int, known: Known
+        self,
+        active: ActiveRun,
+        tool: Tool[Any],
+        call: Call,
+        attempt: int,
+        known: Known,
+        trail: Trail,
     ) -> tuple[Known, tuple[Any, dict[str, Any] | None]]:
         """Ask the provider whether the key took effect; its answer is the receipt."""
         assert tool.lookup_fn is not None
-        ctx = self._tool_ctx(active, call, attempt)
+        ctx = self._tool_ctx(active, call, attempt, trail)
         timeout = tool.timeout or self.limits.tool_timeout
+        started = time.monotonic()
         try:
             with using_tool_context(ctx):
                 found = await invoke(tool.lookup_fn, (ctx,), timeout=timeout)
+        except Unknowable as exc:
+            observed = [*ctx.observed, exc.facts] if exc.facts else ctx.observed
+            trail.add("lookup", started, observed, attempt=attempt, saw="unknowable")
+            return evolve(known, looked_up=LookedUp.UNKNOWABLE, unknowable=exc.reason), (
+                None,
+                None,
+            )
         except Exception as exc:
+            trail.add(
+                "lookup", started, ctx.observed, attempt=attempt, saw="failed", error=error_of(exc)
+            )
             failed = evolve(
                 known,
                 looked_up=LookedUp.FAILED,
@@ -381,13 +429,14 @@ class Calls:
             )
             return failed, (None, None)
         if found is None:
+            trail.add("lookup", started, ctx.observed, attempt=attempt, saw="not_found")
             return evolve(known, looked_up=LookedUp.NOT_FOUND), (None, None)
         receipt = jsonable(found)
         if not isinstance(receipt, dict):
             receipt = {"value": receipt}
         return evolve(known, looked_up=LookedUp.FOUND), (receipt, receipt)
 
-    def _tool_ctx(self, active: ActiveRun, call: Call, attempt: int) -> ToolContext:
+    def _tool_ctx(self, active: ActiveRun, call: Call, attempt: int, trail: Trail) -> ToolContext:
         c = active.claim
         return ToolContext(
             run_id=c.run_id,
@@ -399,6 +448,8 @@ class Calls:
             fencing_token=c.fencing_token,
             attempt=attempt,
             lease_deadline=lambda: active.deadline,
+            first_sent_at=trail.first_sent,
+            sent_at=trail.sent,
         )
 
     def _abandon(
@@ -450,7 +501,7 @@ class Calls:
             await self.writes.release_send(active, key, {"ended": "returned"})
 
     async def _await_sender(
-        self, active: ActiveRun, call: Call, known: Known
+        self, active: ActiveRun, call: Call, known: Known, trail: Trail
     ) -> tuple[Known, tuple[Any, dict[str, Any] | None]]:
         """Wait until the call's earlier sender can no longer be sending it: it released
         the call, its process is found gone on this host, or its lease expires by the
@@ -459,6 +510,7 @@ class Calls:
         c = active.claim
         store = self.writes.store
         delay, waited = 0.02, False
+        started = time.monotonic()
         while True:
             check_boundary(active)
             seen = await store.call_sender(
@@ -479,6 +531,18 @@ class Calls:
                         "ended": ended,
                     },
                 )
+                trail.add(
+                    "earlier sender",
+                    started,
+                    worker=seen.sender,
+                    fencing_token=seen.sender_token,
+                    attempt=seen.attempt,
+                    sent_at=seen.dispatched_at,
+                    ended=ended,
+                    error=released.get("error"),
+                )
+                if seen.dispatched_at is not None:
+                    trail.sent = seen.dispatched_at
                 fresh = evolve(
                     known,
                     sender_active=False,

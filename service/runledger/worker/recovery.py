@@ -19,6 +19,9 @@
 | ``returned``: the tool answered      | record the result and the receipt                 |
 | ``settled``: the receipt is saved    | reuse it, move on                                 |
 | ``unknown``: already ambiguous       | pause; a person reconciles                        |
+| a lookup raised ``Unknowable``: the  | ``unknown`` at once, with what it saw: neither     |
+|   provider cannot tell (past its     | sent again nor asked again                        |
+|   retention window, say)             |                                                   |
 | ``awaiting_approval``: planned, a    | pause; a person approves (then it is ``planned``)  |
 |   person must approve it first       | or denies it (then it is ``failed``: settled)     |
 
@@ -75,6 +78,7 @@ class LookedUp(StrEnum):
     FOUND = "found"  # the key took effect: its receipt is in hand
     NOT_FOUND = "not_found"  # the key did not take effect
     FAILED = "failed"  # the lookup itself raised or timed out
+    UNKNOWABLE = "unknowable"  # the provider cannot tell (runledger.Unknowable)
 
 
 def window_of(status: CallStatus, approval: Approval | None = None) -> Window:
@@ -104,6 +108,8 @@ class Known:
     lookups_failed: int = 0  # failed lookups since the last send
     error: dict[str, Any] | None = None  # the tool's last exception (type, message)
     lookup_error: dict[str, Any] | None = None  # the lookup's last exception
+    # why the provider cannot tell (Unknowable's reason), when it said so
+    unknowable: str | None = None
     reason: str | None = None  # NotApplied's reason
     retry: bool = False  # NotApplied(retry=True)
     # planned, never dispatched on this timeline, of a run a failover affected: it may
@@ -288,5 +294,7 @@ def _ask(k: Known) -> Step | None:
             if k.lookups_failed < k.max_attempts:
                 return Lookup(backoff=True)
             return MarkUnknown({"reason": "lookup failed", **(k.lookup_error or {})})
+        case LookedUp.UNKNOWABLE:
+            return MarkUnknown({"reason": f"the provider cannot tell: {k.unknowable}"})
         case LookedUp.NOT_FOUND:
             return None

@@ -1,0 +1,80 @@
+"""What one holder learns about a call while it settles it, kept for the person who
+decides the call if it becomes ``unknown``.
+
+Each send and each lookup is a step: when it started (UTC), how long it took, how it
+ended, and what the tool or the lookup observed (``ToolContext.observe``: what was asked,
+what the provider answered, its request id). An earlier sender that was waited for is a
+step too. The steps go into the call's ``error`` under ``evidence`` when it is marked
+``unknown``; nothing is written otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from runledger.worker.runs import jsonable
+
+__all__ = ["MAX_FACTS", "MAX_STEPS", "Trail"]
+
+MAX_STEPS = 20  # the last ones are kept
+MAX_FACTS = 10  # facts observed per step
+MAX_FACT_CHARS = 2000  # a fact longer than this, as JSON, is cut to it
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _fact(facts: dict[str, Any]) -> dict[str, Any]:
+    value = jsonable(facts)
+    text = json.dumps(value, sort_keys=True)
+    if len(text) <= MAX_FACT_CHARS:
+        return value  # type: ignore[no-any-return]
+    return {"truncated": text[:MAX_FACT_CHARS]}
+
+
+@dataclass(slots=True)
+class Trail:
+    """One call's sends and lookups by this holder, and the key's send times."""
+
+    first_sent: dt.datetime | None = None  # the key's first dispatch, by anyone
+    sent: dt.datetime | None = None  # the current attempt's dispatch
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    def dispatched(self) -> None:
+        """This holder dispatched the call: the key is sent now (the local clock)."""
+        now = _utcnow()
+        if self.first_sent is None:
+            self.first_sent = now
+        self.sent = now
+
+    def add(
+        self,
+        step: str,
+        started: float,
+        observed: list[dict[str, Any]] | None = None,
+        **detail: Any,
+    ) -> None:
+        """A step that began at ``started`` (``time.monotonic()``) and ends now."""
+        took = time.monotonic() - started
+        at = _utcnow() - dt.timedelta(seconds=took)
+        entry: dict[str, Any] = {
+            "step": step,
+            "at": at.isoformat(timespec="milliseconds"),
+            "ms": round(took * 1000),
+        }
+        entry.update(jsonable({k: v for k, v in detail.items() if v is not None}))
+        if observed:
+            entry["observed"] = [_fact(f) for f in observed[-MAX_FACTS:]]
+        self.steps.append(entry)
+        del self.steps[:-MAX_STEPS]
+
+    def attach(self, error: dict[str, Any]) -> dict[str, Any]:
+        """``error`` with the steps, for ``complete_call(..., 'unknown')``."""
+        if not self.steps:
+            return error
+        return {**error, "evidence": list(self.steps)}

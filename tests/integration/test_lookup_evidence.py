@@ -1,0 +1,118 @@
+"""A call that becomes ``unknown`` keeps what its holder learned (issue #37, "evidence for
+the person"): each send and lookup with its time, duration, outcome and what it observed;
+and a lookup that says the provider cannot tell (``Unknowable``) makes the call unknown
+at once, without sending it again.
+
+Also the key's send times a lookup judges the provider's retention by:
+``ctx.first_sent_at`` (the first dispatch, kept by the database in
+``run_calls.first_dispatched_at``) and ``ctx.sent_at``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from runledger.flows import Flow, ToolCall, ToolContext, Unknowable
+from tests.integration.conftest import Db, Recorder, StartWorker
+
+
+def _flow(rec: Recorder) -> Flow:
+    flow = Flow("evidence", "1")
+
+    @flow.policy
+    def decide(ctx: Any, history: list[Any]) -> list[ToolCall]:
+        rec.policy(ctx, history)
+        return [] if history else [ToolCall("charge", {"amount": 7})]
+
+    return flow
+
+
+async def test_an_unknowable_lookup_pauses_at_once_with_the_steps_it_took(
+    db: Db, start_worker: StartWorker
+) -> None:
+    rec = Recorder()
+    flow = _flow(rec)
+    seen: list[tuple[dt.datetime | None, dt.datetime | None]] = []
+
+    @flow.tool(safety="lookup", max_attempts=3)
+    def charge(ctx: ToolContext, amount: int) -> dict[str, Any]:
+        rec.tool(ctx)
+        seen.append((ctx.first_sent_at, ctx.sent_at))
+        ctx.observe(asked="POST /v1/charges", request_id=f"req_{ctx.attempt}")
+        raise TimeoutError("no answer in 10 s")
+
+    lookups: list[ToolContext] = []
+
+    @charge.lookup
+    def find(ctx: ToolContext) -> dict[str, Any] | None:
+        lookups.append(ctx)
+        ctx.observe(asked=f"GET /v1/charges?key={ctx.idempotency_key}", saw="0 results")
+        raise Unknowable("the key is past the provider's 24-hour window", age_hours=25)
+
+    await db.submit("ev-1", flow)
+    await start_worker(flow)
+    run = await db.wait_status("ev-1", "paused", "succeeded", "failed")
+
+    assert run["status"] == "paused"
+    [call] = await db.calls("ev-1")
+    assert call["status"] == "unknown"
+    # one send, one lookup: Unknowable is final, neither asked again nor sent again
+    assert len(rec.tool_calls) == 1 and len(lookups) == 1
+    error = call["error"]
+    assert error["reason"] == (
+        "the provider cannot tell: the key is past the provider's 24-hour window"
+    )
+    send, lookup = error["evidence"]
+    assert (send["step"], send["ended"], send["attempt"]) == ("send", "raised", 1)
+    assert send["error"] == {"type": "TimeoutError", "message": "no answer in 10 s"}
+    assert send["observed"] == [{"asked": "POST /v1/charges", "request_id": "req_1"}]
+    assert (lookup["step"], lookup["saw"]) == ("lookup", "unknowable")
+    assert lookup["observed"] == [
+        {"asked": "GET /v1/charges?key=ev-1:0:c0", "saw": "0 results"},
+        {"age_hours": 25},
+    ]
+    for step in (send, lookup):
+        assert isinstance(step["ms"], int) and step["ms"] >= 0
+        dt.datetime.fromisoformat(step["at"])
+    # the send saw the key's first send as its own; so did the lookup, and the database
+    # keeps the first dispatch
+    [(first, sent)] = seen
+    assert first is not None and first == sent
+    assert (lookups[0].first_sent_at, lookups[0].sent_at) == (first, sent)
+    assert call["first_dispatched_at"] == call["dispatched_at"]
+    assert abs((call["first_dispatched_at"] - first).total_seconds()) < 5
+
+
+async def test_a_resend_keeps_the_first_dispatch_and_a_recovered_lookup_sees_it(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """Sent twice (the lookup found nothing in between), then ambiguous again and looked
+    up by the next attempt: ``first_sent_at`` stays the first dispatch, ``sent_at`` moves."""
+    rec = Recorder()
+    flow = _flow(rec)
+    seen: list[tuple[dt.datetime | None, dt.datetime | None]] = []
+
+    @flow.tool(safety="lookup", max_attempts=2)
+    def charge(ctx: ToolContext, amount: int) -> dict[str, Any]:
+        rec.tool(ctx)
+        seen.append((ctx.first_sent_at, ctx.sent_at))
+        raise ConnectionError("reset by peer")
+
+    @charge.lookup
+    def find(ctx: ToolContext) -> dict[str, Any] | None:
+        seen.append((ctx.first_sent_at, ctx.sent_at))
+        return None
+
+    await db.submit("ev-2", flow)
+    await start_worker(flow)
+    run = await db.wait_status("ev-2", "paused", "succeeded", "failed")
+
+    # lookup: not found after each ambiguous send; after max_attempts sends the call fails
+    assert run["status"] == "succeeded"
+    [call] = await db.calls("ev-2")
+    assert (call["status"], call["attempts"]) == ("failed", 2)
+    (f1, s1), (f2, s2), (f3, s3), (f4, s4) = seen
+    assert f1 == s1 == f2 == s2  # the first send, then its lookup
+    assert f3 == f4 == f1 and s3 == s4 and s3 > s1  # the second send moved sent_at only
+    assert call["first_dispatched_at"] < call["dispatched_at"]
