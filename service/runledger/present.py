@@ -123,6 +123,50 @@ def call_error(error: Any, limit: int = ERROR_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+EVIDENCE_CHARS = 300  # one step of a call's evidence on one line
+
+
+def evidence_lines(error: Any, limit: int = EVIDENCE_CHARS) -> list[str]:
+    """What the call's last holder learned before it gave the call up as unknown
+    (``error.evidence``: each send, lookup and earlier sender waited for), one line per
+    step, oldest first: ``lookup #2 at 10:38:01.204 (35 ms): saw not_found; asked: GET
+    /orders?...``. None when the error has no evidence."""
+    steps = error.get("evidence") if isinstance(error, dict) else None
+    if not isinstance(steps, list):
+        return []
+    lines = []
+    for step in steps:
+        if not isinstance(step, dict):
+            lines.append(compact(step)[:limit])
+            continue
+        head = str(step.get("step", "step"))
+        if step.get("attempt") is not None:
+            head += f" #{step['attempt']}"
+        if step.get("at"):
+            head += f" at {step['at']}"
+        if step.get("ms") is not None:
+            head += f" ({step['ms']} ms)"
+        parts = []
+        for name in ("ended", "saw", "reason", "worker", "fencing_token", "sent_at"):
+            if step.get(name) not in (None, ""):
+                parts.append(f"{name} {step[name]}")
+        if isinstance(step.get("error"), dict):
+            parts.append(call_error(step["error"], limit))
+        for fact in step.get("observed") or []:
+            if isinstance(fact, dict):
+                parts.append(
+                    ", ".join(
+                        f"{k}: {compact(v) if not isinstance(v, str) else v}"
+                        for k, v in fact.items()
+                    )
+                )
+            else:
+                parts.append(compact(fact))
+        text = " ".join((head + ": " + "; ".join(parts)).split())
+        lines.append(text if len(text) <= limit else text[: limit - 1].rstrip() + "…")
+    return lines
+
+
 _SHOWN = {
     Approval.PENDING: "awaiting approval",
     Approval.APPROVED: "approved",

@@ -335,11 +335,14 @@ async def test_the_run_page_and_the_inbox_say_what_the_tool_raised(
             r'<code class="json err" title="([^"]*)">([^<]*)</code>', client.get(page).text
         )
         assert text == shown, page
-        assert json.loads(html.unescape(title)) == {
+        whole = json.loads(html.unescape(title))
+        [send] = whole.pop("evidence")  # the send that raised, listed under the call
+        assert whole == {
             "reason": "ambiguous failure of an unsafe tool",
             "type": "ConnectionResetError",
             "message": "no answer",
         }
+        assert (send["step"], send["ended"]) == ("send", "raised")
 
 
 # -- --redact ---------------------------------------------------------------------------

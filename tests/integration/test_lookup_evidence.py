@@ -10,9 +10,16 @@ Also the key's send times a lookup judges the provider's retention by:
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import json
 from typing import Any
 
+from click.testing import CliRunner
+from starlette.testclient import TestClient
+
+from runledger.cli import main
+from runledger.console import ConsoleConfig, create_app
 from runledger.flows import Flow, ToolCall, ToolContext, Unknowable
 from tests.integration.conftest import Db, Recorder, StartWorker
 
@@ -116,3 +123,53 @@ async def test_a_resend_keeps_the_first_dispatch_and_a_recovered_lookup_sees_it(
     assert f1 == s1 == f2 == s2  # the first send, then its lookup
     assert f3 == f4 == f1 and s3 == s4 and s3 > s1  # the second send moved sent_at only
     assert call["first_dispatched_at"] < call["dispatched_at"]
+
+
+async def test_the_person_sees_the_evidence_in_the_cli_and_the_console(
+    db: Db, start_worker: StartWorker, database_url: str
+) -> None:
+    rec = Recorder()
+    flow = _flow(rec)
+
+    @flow.tool(safety="lookup")
+    def charge(ctx: ToolContext, amount: int) -> dict[str, Any]:
+        ctx.observe(asked="POST /v1/charges", request_id="req_77")
+        raise ConnectionError("connection reset after the request was sent")
+
+    @charge.lookup
+    def find(ctx: ToolContext) -> dict[str, Any] | None:
+        raise Unknowable("past the window", asked="GET /v1/charges/search")
+
+    await db.submit("ev-3", flow)
+    await start_worker(flow)
+    await db.wait_status("ev-3", "paused")
+
+    def cli(*args: str) -> str:
+        result = CliRunner().invoke(
+            main, list(args), env={"RUNLEDGER_DATABASE_URL": database_url, "COLUMNS": "200"}
+        )
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    waiting = await asyncio.to_thread(cli, "unknown")
+    shown = await asyncio.to_thread(cli, "show", "ev-3")
+    as_json = json.loads(await asyncio.to_thread(cli, "unknown", "--json"))
+    send = "send #1 at "
+    for text in (waiting, shown):
+        assert send in text and "ended raised" in text and "request_id: req_77" in text
+        assert "lookup #1 at " in text and "saw unknowable" in text
+        assert "asked: GET /v1/charges/search" in text
+    [call] = as_json["calls"]
+    assert [s["step"] for s in call["error"]["evidence"]] == ["send", "lookup"]
+
+    config = ConsoleConfig(database_url=database_url)
+
+    def page() -> str:
+        with TestClient(create_app(config)) as client:
+            response = client.get("/runs/ev-3")
+            assert response.status_code == 200
+            return response.text
+
+    html = await asyncio.to_thread(page)
+    assert "what its worker saw (2 steps)" in html
+    assert "saw unknowable" in html and "request_id: req_77" in html

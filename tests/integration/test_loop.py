@@ -466,12 +466,19 @@ async def test_call_in_flight_when_its_worker_died_is_recovered_by_safety_class(
         )
         assert rec.tool_calls == []
         assert (call["status"], call["attempts"]) == ("unknown", 1)
-        assert call["error"] == {
+        error = dict(call["error"])
+        [waited] = error.pop("evidence")  # the earlier sender, waited for
+        assert error == {
             # the ghost said nothing before its lease ran out: it may still be running
             "reason": "in flight when its worker lost the run: its lease ended without word "
             "from it; unsafe to repeat",
             "attempts": 1,
         }
+        assert (waited["step"], waited["ended"], waited["attempt"]) == (
+            "earlier sender",
+            "lease_expired",
+            1,
+        )
         assert rec.policy_turns == []
         assert run["lease_id"] is None
 

@@ -181,11 +181,19 @@ async def test_idempotent_tool_failing_every_attempt_becomes_unknown(
     )
     [call] = await db.calls("amb-2")
     assert (call["status"], call["attempts"]) == ("unknown", 2)
-    assert call["error"] == {
+    error = dict(call["error"])
+    sends = error.pop("evidence")
+    assert error == {
         "reason": "retries exhausted",
         "type": "ConnectionResetError",
         "message": "reset",
     }
+    # each send, with how it ended: the person sees both attempts
+    assert [(s["step"], s["attempt"], s["ended"]) for s in sends] == [
+        ("send", 1, "raised"),
+        ("send", 2, "raised"),
+    ]
+    assert sends[1]["error"] == {"type": "ConnectionResetError", "message": "reset"}
     assert len(rec.tool_calls) == 2
     assert rec.policy_turns == [0]
 
@@ -211,11 +219,14 @@ async def test_unsafe_tool_raising_becomes_unknown_and_pauses_the_run(
     assert (run["lease_id"], run["lease_owner"], run["finished_at"]) == (None, None, None)
     [call] = await db.calls("amb-3")
     assert (call["status"], call["attempts"]) == ("unknown", 1)
-    assert call["error"] == {
+    error = dict(call["error"])
+    [send] = error.pop("evidence")
+    assert error == {
         "reason": "ambiguous failure of an unsafe tool",
         "type": "OSError",
         "message": "socket closed mid-request",
     }
+    assert (send["step"], send["ended"], send["error"]["type"]) == ("send", "raised", "OSError")
     assert len(rec.tool_calls) == 1  # never repeated
     assert rec.policy_turns == [0]
     assert await db.kinds("amb-3") == [

@@ -30,7 +30,17 @@ from runledger.cli.options import (
 )
 from runledger.cli.terminal import cells, line, new_console, new_table, print_table
 from runledger.model import RunStatus
-from runledger.present import age, ago, call_error, commands_for, compact, event_line, expiry, when
+from runledger.present import (
+    age,
+    ago,
+    call_error,
+    commands_for,
+    compact,
+    event_line,
+    evidence_lines,
+    expiry,
+    when,
+)
 
 # -- list -------------------------------------------------------------------------------
 
@@ -257,6 +267,8 @@ def _print_actions(console: Any, run_status: str, calls: list[dict[str, Any]]) -
     if unknown:
         line(console, f"{len(unknown)} unknown call(s): check the provider, then run one of")
     for c in unknown:
+        for step in evidence_lines(c["error"]):
+            line(console, f"  {c['idempotency_key']} seen: {step}")
         lines, why = commands_for(c, run_status)
         for command in lines:
             line(console, "  " + command)
@@ -407,6 +419,8 @@ def unknown(
     for c in data["calls"]:
         error = f" ({call_error(c['error'])})" if c["error"] is not None else ""
         line(console, f"  {c['idempotency_key']}{error}")
+        for step in evidence_lines(c["error"]):
+            line(console, "    seen: " + step)
         for command in c["commands"]:
             line(console, "    " + command)
         if c["note"]:

@@ -4,7 +4,8 @@ as ``[redacted]``, in the pages and in ``/api`` alike.
 Redacted: each call's ``args``, ``result`` and ``receipt``; each turn's decision
 ``record`` and ``output`` (the model's message holds the calls' arguments verbatim); the
 run's ``input``, ``state`` and ``result``. Kept: keys, tools, statuses, attempts, who
-did what under which token, errors and notes (what an operator needs to decide)."""
+did what under which token, errors and notes (what an operator needs to decide), the
+evidence of an unknown call included (what its worker asked the provider and saw)."""
 
 from __future__ import annotations
 

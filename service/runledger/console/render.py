@@ -10,7 +10,16 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from runledger.present import age, ago, call_error, compact, event_line, expiry, when
+from runledger.present import (
+    age,
+    ago,
+    call_error,
+    compact,
+    event_line,
+    evidence_lines,
+    expiry,
+    when,
+)
 
 STATUS_CLASS = {
     "queued": "st-queued",
@@ -53,6 +62,7 @@ def environment() -> jinja2.Environment:
         expiry=expiry,
         compact=compact,
         call_error=call_error,
+        evidence_lines=evidence_lines,
         pretty=_pretty,
         event_line=event_line,
         status_class=lambda s: STATUS_CLASS.get(str(s), ""),
