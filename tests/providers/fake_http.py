@@ -19,6 +19,7 @@ client gave up), ``ok``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -39,6 +40,7 @@ class OrdersApi:
         self.answers: dict[str, tuple[float, str, int, dict[str, Any]]] = {}
         self.busy: set[str] = set()
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, key
+        self.posted: list[tuple[str, float]] = []  # key, time.monotonic() of each POST
         self.landed = threading.Event()  # set when a "late" request created its order
         self._ids = 0
         api = self
@@ -63,10 +65,8 @@ class OrdersApi:
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
                 self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)  # unless the client gave up
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
@@ -93,6 +93,7 @@ class OrdersApi:
                 body = json.loads(self.rfile.read(length) or b"null")
                 key = self.headers.get("Idempotency-Key")
                 api.requests.append(("POST", self.path, key))
+                api.posted.append((key or "", time.monotonic()))
                 if self.path != "/orders":
                     self._answer(404, {"error": "no such path"})
                     return
@@ -142,9 +143,7 @@ class OrdersApi:
                     return
                 if fault == "late":
                     time.sleep(api.late_delay)  # the client has given up by now
-                order = api._create(key, body)
-                if fault == "late":
-                    api.landed.set()
+                order = api._create(key, body, late=fault == "late")
                 if fault == "500_after":
                     self._answer(500, {"error": "internal"})
                     return
@@ -154,8 +153,10 @@ class OrdersApi:
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def _create(self, key: str, body: Any) -> dict[str, Any]:
-        with self.lock:
+    def _create(self, key: str, body: Any, *, late: bool = False) -> dict[str, Any]:
+        with self.lock:  # a lookup that finds the order finds ``landed`` set
+            if late:
+                self.landed.set()
             self._ids += 1
             order = {"id": f"ord_{self._ids}", "body": body, "idempotency_key": key}
             self.orders.setdefault(key, []).append(order)

@@ -13,7 +13,7 @@ import pytest
 
 from runledger.flows import Flow, ToolCall
 from runledger.providers import http
-from tests.integration.conftest import Db, StartWorker, db, start_worker  # noqa: F401
+from tests.integration.conftest import Db, StartWorker
 from tests.providers.fake_http import OrdersApi
 
 FINAL = ("succeeded", "paused", "failed")
@@ -29,7 +29,7 @@ def api() -> Iterator[OrdersApi]:
 def _flow(
     api: OrdersApi,
     *,
-    dedupes: bool = True,
+    landing: float = 2.0,
     retention: http.Retention | None = None,
     timeout: float = 5.0,
     lookup: str = "/orders?idempotency_key={key}",
@@ -41,8 +41,7 @@ def _flow(
         url=f"{api.url}/orders",
         lookup_url=f"{api.url}{lookup}",
         retention=retention or http.Retention(DAY, name="the orders API"),
-        dedupes=dedupes,
-        landing=2.0,
+        landing=landing,
         timeout=timeout,
         max_attempts=4,
     )
@@ -106,22 +105,33 @@ async def test_429_is_waited_out_within_the_call(
     assert api.effects("h-429:0:c0") == 1 and api.posts("h-429:0:c0") == 3
 
 
-@pytest.mark.parametrize("dedupes", [True, False], ids=["dedupes", "no-dedupe"])
 async def test_a_request_that_lands_after_the_client_gave_up_is_never_doubled(
-    db: Db, start_worker: StartWorker, api: OrdersApi, dedupes: bool
+    db: Db, start_worker: StartWorker, api: OrdersApi
 ) -> None:
-    """The API holds the request past the client's timeout, then creates the order.
-    With deduplication a second send with the key finds it in progress (409) or replays
-    it; without, the lookup waits out the landing bound before it says "not found"."""
+    """The API holds the request past the client's timeout, then creates the order. A
+    second send with the key finds it in progress (409, waited for), and no lookup says
+    "not found" before the landing bound: one order, and the call succeeds (it would
+    fail as never applied if a lookup had been believed too early)."""
     api.script("late")
-    run_id = f"h-late-{dedupes}"
-    call = await _run(db, start_worker, _flow(api, dedupes=dedupes, timeout=0.3), run_id)
-    key = f"{run_id}:0:c0"
+    call = await _run(db, start_worker, _flow(api, timeout=0.3, landing=3.0), "h-late")
+    key = "h-late:0:c0"
     assert api.landed.is_set()
     assert call["status"] == "succeeded", call
     assert api.effects(key) == 1
-    if not dedupes:
-        assert api.posts(key) == 1  # found by the lookup after the landing bound
+    assert call["result"]["idempotency_key"] == key
+
+
+async def test_no_lookup_says_not_found_before_the_landing_bound(
+    db: Db, start_worker: StartWorker, api: OrdersApi
+) -> None:
+    """A 500 with no order: the lookup waits out the landing bound after the send before
+    it says "not found", then the call is sent again: one order, two POSTs."""
+    api.script("500_before")
+    call = await _run(db, start_worker, _flow(api, landing=1.5), "h-wait")
+    assert call["status"] == "succeeded"
+    assert api.posts("h-wait:0:c0") == 2 and api.effects("h-wait:0:c0") == 1
+    first, second = (t for k, t in api.posted if k == "h-wait:0:c0")
+    assert second - first >= 1.5
 
 
 async def test_past_the_retention_nothing_found_is_unknown_with_its_evidence(

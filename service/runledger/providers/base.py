@@ -6,9 +6,9 @@
   a lookup returns when it found nothing: ``None`` (the key did not take effect, send it
   again) within the window, :class:`~runledger.Unknowable` past it.
 - :func:`landing_wait` / :func:`await_landing`: a request the client gave up on may still
-  reach the provider. A lookup of a provider that does not deduplicate the key waits
-  until the last send (``ctx.sent_at``) is older than the provider's own bound on it
-  before it concludes "not found".
+  reach the provider. A lookup waits until the last send (``ctx.sent_at``) is older than
+  the provider's own bound on it before it says "not found": the worker takes that for
+  certain (after the last attempt the call fails as never applied).
 - :func:`retry_after`: seconds a 429 or 503 asks the client to wait.
 - :func:`marker`: the key as a hidden marker in a body a lookup can search.
 """
@@ -108,31 +108,45 @@ def landing_wait(ctx: ToolContext, bound: float, now: dt.datetime | None = None)
     return max(0.0, left)
 
 
-def _check_room(ctx: ToolContext, wait: float) -> None:
-    if wait >= ctx.remaining():
+LEASE_SPARE = 1.0  # seconds of lease a landing wait leaves unslept, for the answer
+
+
+def _next_nap(ctx: ToolContext, bound: float) -> float:
+    """How long to sleep now before the last send can no longer land: at most what the
+    lease allows (renewals move it on while the wait goes on); raises ``TimeoutError``
+    (the lookup failed: asked again later) when the lease is about to end."""
+    wait = landing_wait(ctx, bound)
+    if wait <= 0:
+        return 0.0
+    room = ctx.remaining() - LEASE_SPARE
+    if room <= 0:
         raise TimeoutError(
             f"the last send of {ctx.idempotency_key} may still land for {wait:.1f} s, "
-            f"longer than the lease allows ({ctx.remaining():.1f} s): asking again later"
+            "and the lease is about to end: asking again later"
         )
+    return min(wait, room)
 
 
 def wait_landing(ctx: ToolContext, bound: float) -> None:
-    """Block (a plain ``def`` lookup) until the last send can no longer land; raises
-    ``TimeoutError`` (the lookup failed: asked again later) if the lease ends first."""
-    wait = landing_wait(ctx, bound)
-    if wait > 0:
-        _check_room(ctx, wait)
-        ctx.observe(waited_for_landing_s=round(wait, 3))
-        time.sleep(wait)
+    """Block (a plain ``def`` lookup) until the last send can no longer land: a lookup
+    that found nothing before then proves nothing (the request may still be on its way).
+    The worker renews the lease meanwhile."""
+    waited = 0.0
+    while (nap := _next_nap(ctx, bound)) > 0:
+        time.sleep(nap)
+        waited += nap
+    if waited:
+        ctx.observe(waited_for_landing_s=round(waited, 3))
 
 
 async def await_landing(ctx: ToolContext, bound: float) -> None:
     """:func:`wait_landing` for an ``async def`` lookup."""
-    wait = landing_wait(ctx, bound)
-    if wait > 0:
-        _check_room(ctx, wait)
-        ctx.observe(waited_for_landing_s=round(wait, 3))
-        await asyncio.sleep(wait)
+    waited = 0.0
+    while (nap := _next_nap(ctx, bound)) > 0:
+        await asyncio.sleep(nap)
+        waited += nap
+    if waited:
+        ctx.observe(waited_for_landing_s=round(waited, 3))
 
 
 def retry_after(headers: Mapping[str, str], default: float = 1.0, cap: float = 60.0) -> float:

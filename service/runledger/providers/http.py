@@ -20,10 +20,11 @@ What settles each crash window:
 
 - *before the request left*: the lookup finds nothing, and the call is sent (same key);
 - *sent, answer lost* (a crash, a timeout, a 5xx, a dropped connection): the lookup.
-  Found: its answer is the receipt. Not found within ``retention``: sent again with the
-  same key, which the API deduplicates (``dedupes=True``), or which can no longer be on
-  its way (``dedupes=False``: the lookup first waits ``landing`` seconds after the
-  send). Not found past ``retention``: ``unknown``, for a person;
+  Found: its answer is the receipt. Not found: once the send can no longer land (the
+  lookup waits until ``landing`` seconds after it, the API's own bound on acting on a
+  request), within ``retention``, sent again with the same key (an API that
+  deduplicates keys answers a late duplicate with the first answer anyway); past
+  ``retention``, ``unknown``, for a person;
 - *answered, not journaled*: the lookup finds it.
 
 ``lookup_url`` names the key as ``{key}`` (URL-quoted): a search by key, or the resource
@@ -35,8 +36,9 @@ that judgment.
 Answers to the send: ``2xx`` returns the JSON body as the result, with the status, the
 ``Location`` and the request id as the receipt; ``429`` and ``503`` are waited out
 (``Retry-After``, within the lease) and sent again, then, still refused, the call is not
-applied and tried again later; ``409`` (the same key still in progress, or used before)
-and ``422`` (the key used for another body) leave the effect unknown: looked up; any
+applied and tried again later; ``409`` (the key's first request still in progress) is
+waited for the same way, then looked up; ``422`` (the key used for another body) leaves
+the effect unknown: looked up; any
 other ``4xx`` is a refusal, certainly not applied; ``5xx``, a timeout or a dropped
 connection are ambiguous: looked up.
 """
@@ -51,14 +53,15 @@ from typing import Any
 import httpx
 
 from runledger.flows import Flow, NotApplied, Receipt, Tool, ToolContext
-from runledger.providers.base import Retention, await_landing, retry_after
+from runledger.providers.base import Retention, await_landing, landing_wait, retry_after
 
 __all__ = ["AmbiguousAnswer", "Retention", "tool"]
 
 KEY_HEADER = "Idempotency-Key"
 # the request id headers a lookup and the evidence keep, first found wins
 REQUEST_ID_HEADERS = ("request-id", "x-request-id", "x-amzn-requestid", "cf-ray")
-RATE_LIMITED = (429, 503)
+RATE_LIMITED = (429, 503)  # not processed: waited out, then sent again
+IN_PROGRESS = 409  # the key's first request is still being processed: waited for too
 
 
 class AmbiguousAnswer(Exception):
@@ -110,7 +113,6 @@ def tool(
     lookup_url: str,
     method: str = "POST",
     retention: Retention,
-    dedupes: bool = True,
     landing: float = 30.0,
     headers: Mapping[str, str] | None = None,
     timeout: float = 10.0,
@@ -122,11 +124,11 @@ def tool(
     """Register ``name(body: dict)`` on ``flow``: ``method url`` with ``body`` as JSON and
     the call's key in ``Idempotency-Key``, and its lookup (a ``lookup`` tool).
 
-    - ``retention``: how long the API keeps what ``lookup_url`` reads (and, with
-      ``dedupes``, its record of a key); past it, nothing found is ``unknown``;
-    - ``dedupes``: the API answers a repeated key with the first answer (the IETF draft);
-      ``False``: it does not, and a lookup waits ``landing`` seconds after a send (the
-      API's own bound on acting on a request) before it says "not found";
+    - ``retention``: how long the API keeps what ``lookup_url`` reads; past it, nothing
+      found is ``unknown``;
+    - ``landing``: the API's own bound, in seconds, on acting on a request it received
+      (its request timeout): a lookup says "not found" only that long after the last
+      send, for a request the client gave up on may still land until then;
     - ``client``: makes the ``httpx.AsyncClient`` each send and lookup uses (and closes);
       default: a new one with ``timeout`` and ``headers``;
     - ``found``: the lookup's judgment of the ``GET lookup_url`` answer: a receipt dict,
@@ -161,10 +163,12 @@ def tool(
                 )
                 rid = _request_id(response)
                 ctx.observe(asked=f"{method} {url}", status=response.status_code, request_id=rid)
-                if response.status_code not in RATE_LIMITED:
+                if response.status_code not in (*RATE_LIMITED, IN_PROGRESS):
                     break
                 wait = retry_after(response.headers)
                 if tries == rate_limit_tries or wait >= ctx.remaining():
+                    if response.status_code == IN_PROGRESS:
+                        raise AmbiguousAnswer(response.status_code, response.text)
                     raise NotApplied(
                         f"HTTP {response.status_code}: rate limited (Retry-After {wait:g} s)",
                         retry=True,
@@ -180,7 +184,7 @@ def tool(
                     "request_id": rid,
                 },
             )
-        if status in (409, 422) or status >= 500:
+        if status in (IN_PROGRESS, 422) or status >= 500:
             raise AmbiguousAnswer(status, response.text)
         raise NotApplied(f"HTTP {status}: {response.text[:300]}")
 
@@ -189,17 +193,25 @@ def tool(
 
     @registered.lookup
     async def lookup(ctx: ToolContext) -> dict[str, Any] | None:
-        if not dedupes:
-            await await_landing(ctx, landing)
         where = lookup_url.replace("{key}", urllib.parse.quote(ctx.idempotency_key, safe=""))
-        async with connect() as http_client:
-            response = await http_client.get(where)
-        ctx.observe(
-            asked=f"GET {where}", status=response.status_code, request_id=_request_id(response)
-        )
-        receipt = judge(response)
-        if receipt is None:
-            retention.not_found(ctx, asked=f"GET {where}")  # raises past the window
-        return receipt
+        while True:
+            # asked before the last send can no longer land, "not found" proves nothing
+            # (the worker takes it for certain): asked again once it cannot
+            early = landing_wait(ctx, landing) > 0
+            async with connect() as http_client:
+                response = await http_client.get(where)
+            ctx.observe(
+                asked=f"GET {where}",
+                status=response.status_code,
+                request_id=_request_id(response),
+            )
+            receipt = judge(response)
+            if receipt is not None:
+                return receipt
+            if not early:
+                break
+            await await_landing(ctx, landing)
+        retention.not_found(ctx, asked=f"GET {where}")  # raises past the window
+        return None
 
     return registered
