@@ -405,10 +405,11 @@ def test_what_a_journaled_turn_cannot_hold_is_refused_when_the_flow_is_built(
         agent_flow(agent, name="support", safety={"sub": "unsafe", "approve_me": "unsafe"})
 
 
-def test_an_agent_with_mcp_servers_is_refused() -> None:
+def test_an_mcp_server_that_is_not_one_is_refused() -> None:
+    # MCP servers are supported (tests/integration/test_mcp_tools.py, with a real server)
     agent: Agent[Any] = Agent(name="support", model=Scripted())
-    agent.mcp_servers = [object()]  # type: ignore[list-item]  # any server: never contacted
-    with pytest.raises(ValueError, match="has MCP servers: not supported"):
+    agent.mcp_servers = [object()]  # type: ignore[list-item]  # never contacted
+    with pytest.raises(TypeError, match=r"mcp_servers\[0\] is a object, not an agents.mcp"):
         agent_flow(agent, name="support", safety={})
 
 

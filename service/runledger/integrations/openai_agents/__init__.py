@@ -7,9 +7,12 @@
   schema and model settings. The response's output items are the turn's
   ``Decision.record``; a recorded turn is never asked again.
 - **Each function tool is a runledger tool** with the safety class it is given; a tool
-  without one is refused when the flow is built. Tool code reads the idempotency key and
-  fencing token from :func:`runledger.tool_context` and still gets the SDK's
-  ``ToolContext`` (with the run context from ``context=``) if it takes one.
+  without one is refused when the flow is built. The tools of the agent's MCP servers
+  (listed when the flow is built) are runledger tools too: one the flow does not name
+  gets its class from the server's annotations, ``unsafe`` when they say nothing. Tool
+  code reads the idempotency key and fencing token from :func:`runledger.tool_context`
+  and still gets the SDK's ``ToolContext`` (with the run context from ``context=``) if
+  it takes one.
 - **Failures look as they do under ``Runner.run``**: a failed call is shown to the model
   as the tool's ``failure_error_function`` renders it. Arguments the SDK refuses (bad
   JSON, or failing validation) and a tool raising :class:`runledger.NotApplied` fail the
@@ -19,9 +22,9 @@
   told it may or may not have taken effect and must not be repeated, with the
   operator's note, whatever the tool's failure function.
 - **Not supported, refused when the flow is built**: handoffs, guardrails (agent and
-  tool), MCP servers, hosted and other non-function tools, agents as tools, tools that
-  need approval or deferred loading, namespaced tools, agent hooks, a ``tool_use_behavior``
-  other than ``"run_llm_again"``, sandbox agents.
+  tool), hosted and other non-function tools, agents as tools, tools (MCP tools too) that
+  need approval or deferred loading, namespaced tools, agent hooks, a
+  ``tool_use_behavior`` other than ``"run_llm_again"``, sandbox agents.
 
 The Agents SDK is imported only here (extra ``runledger-pg[openai-agents]``), through its
 public API but for two flags the SDK keeps private (a unit test scans for private names
@@ -44,8 +47,10 @@ from agents import Agent
 from agents.tool import FunctionTool
 
 from runledger.flows import Flow, LookupFn
-from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
+from runledger.integrations._flows import attach_lookups, default_prompt
+from runledger.integrations._mcp import McpToolsUnavailable, resolve_safety
 from runledger.integrations.openai_agents import needs
+from runledger.integrations.openai_agents.mcp import Sessions, mcp_tools
 from runledger.integrations.openai_agents.policy import AgentPolicy, PromptFn, UnsupportedResponse
 from runledger.integrations.openai_agents.records import record_to_response, response_to_record
 from runledger.integrations.openai_agents.tools import (
@@ -57,6 +62,7 @@ from runledger.integrations.openai_agents.tools import (
 from runledger.model import Safety
 
 __all__ = [
+    "McpToolsUnavailable",
     "ToolCallFailed",
     "UnsupportedResponse",
     "agent_flow",
@@ -80,11 +86,16 @@ def agent_flow(
     max_turns: int | None = None,
     max_calls: int | None = None,
     parallel_calls: bool = True,
+    trust_mcp_hints: bool = False,
 ) -> Flow:
     """A :class:`~runledger.Flow` that runs ``agent`` one journaled model request per turn.
 
     - ``safety``: the safety class of every function tool of the agent (a tool without
-      one, or a class for a tool the agent lacks, is a ``ValueError``);
+      one, or a class for a tool the agent lacks, is a ``ValueError``); a tool of an MCP
+      server it does not name gets the class its annotations give: ``readOnlyHint`` is
+      ``read_only``, anything else ``unsafe``;
+    - ``trust_mcp_hints``: also take ``idempotentHint`` (with ``destructiveHint: false``)
+      as ``idempotent``: only for MCP servers you trust (docs/agents.md);
     - ``prompt(ctx)``: the input from the :class:`~runledger.flows.PolicyContext`, a string
       or a list of input items, as ``Runner.run`` takes it (default ``ctx.input["prompt"]``);
     - ``context(ctx)``: the run context (``Runner.run(context=...)``), built from the
@@ -99,26 +110,48 @@ def agent_flow(
     needs.check()
     _refuse_unsupported(agent)
     tools = _function_tools(agent)
-    check_safety(tools, safety)
+    mcp = mcp_tools(agent)
+    for name, found in mcp.items():
+        why = unsupported_tool(found.tool)
+        if why:
+            raise ValueError(f"MCP tool {name}: {why}: not supported by agent_flow")
+        if name in tools:
+            raise ValueError(f"an MCP server's tool has the name of a function tool: {name}")
+    classes = resolve_safety(
+        tools,
+        {name: found.annotations for name, found in mcp.items()},
+        safety,
+        trust_mcp_hints=trust_mcp_hints,
+    )
     if agent.model_settings.retry is not None:
         log.warning(
             "agent %s: ModelSettings.retry is not used: runledger retries the model request "
             "(the worker's policy_attempts)",
             agent.name,
         )
-    runner = ToolRunner(agent, context)
+    sessions = Sessions()
+    runner = ToolRunner(agent, context, sessions)
     flow = Flow(
         name, version, max_turns=max_turns, max_calls=max_calls, parallel_calls=parallel_calls
     )
     for tool_name, tool in tools.items():
         flow.tool(
-            safety=safety[tool_name],
+            safety=classes[tool_name],
             name=tool_name,
             timeout=tool.timeout_seconds,
             max_attempts=max_attempts,
         )(runner.tool_fn(tool))
+    for tool_name, found in mcp.items():
+        flow.tool(
+            safety=classes[tool_name],
+            name=tool_name,
+            timeout=found.tool.timeout_seconds,
+            max_attempts=max_attempts,
+        )(runner.tool_fn(found.tool, server=found.server))
     attach_lookups(flow, lookups)
-    flow.policy(AgentPolicy(agent, tools, prompt or default_prompt, context).decide)
+    every = {**tools, **{name: found.tool for name, found in mcp.items()}}
+    policy = AgentPolicy(agent, every, prompt or default_prompt, context, sessions)
+    flow.policy(policy.decide)
     flow.validate()  # a 'lookup' tool without a lookup
     return flow
 
@@ -133,7 +166,6 @@ def _refuse_unsupported(agent: Agent[Any]) -> None:
         (agent.handoffs, "handoffs"),
         (agent.input_guardrails, "input guardrails"),
         (agent.output_guardrails, "output guardrails"),
-        (agent.mcp_servers, "MCP servers"),
         (agent.hooks, "agent hooks"),
     ]
     for present, what in refused:

@@ -37,6 +37,7 @@ from runledger.flows import (
 )
 from runledger.integrations._history import UnusableHistory, abandoned, pair_calls
 from runledger.integrations.openai import InvalidToolArguments
+from runledger.integrations.openai_agents.mcp import Sessions
 from runledger.integrations.openai_agents.records import (
     call_output,
     failure,
@@ -70,11 +71,13 @@ class AgentPolicy:
         tools: dict[str, FunctionTool],
         prompt: PromptFn,
         context: ContextFn | None,
+        sessions: Sessions | None = None,
     ) -> None:
         self.agent = agent
         self.tools = tools
         self.prompt = prompt
         self.context = context
+        self.sessions = sessions or Sessions()
 
     async def decide(self, ctx: PolicyContext, history: Sequence[HistoryTurn]) -> Decision:
         """One model request on the journal's items, as a :class:`~runledger.Decision`."""
@@ -85,8 +88,10 @@ class AgentPolicy:
             items += replayed_items(turn.record)
             items += await self.outputs(ctx, turn, value)
         used_tools = any(t.calls for t in history)
-        enabled = {t.name for t in await self.agent.get_all_tools(wrapper)}
-        response = await self.request(ctx, items, value, used_tools=used_tools)
+        # the agent's MCP servers, connected while the request lists and shows their tools
+        async with self.sessions.open(self.agent.mcp_servers):
+            enabled = {t.name for t in await self.agent.get_all_tools(wrapper)}
+            response = await self.request(ctx, items, value, used_tools=used_tools)
         return self.decision(response, enabled)
 
     async def request(

@@ -20,6 +20,7 @@ import pydantic_core
 from agents import Agent, ToolOriginType
 from agents.exceptions import ModelBehaviorError
 from agents.items import ItemHelpers
+from agents.mcp import MCPServer
 from agents.tool import (
     FunctionTool,
     get_function_tool_origin,
@@ -30,6 +31,7 @@ from agents.tool_context import ToolContext as SdkToolContext
 from openai.types.responses import ResponseFunctionToolCall
 
 from runledger.flows import NotApplied, ToolContext, using_tool_context
+from runledger.integrations.openai_agents.mcp import Sessions
 from runledger.integrations.openai_agents.records import not_applied
 
 ContextFn = Callable[[Any], Any]
@@ -93,9 +95,12 @@ def _rejected_arguments(tool: FunctionTool, exc: Exception) -> bool:
 class ToolRunner:
     """The runledger tool functions of one agent's function tools."""
 
-    def __init__(self, agent: Agent[Any], context: ContextFn | None) -> None:
+    def __init__(
+        self, agent: Agent[Any], context: ContextFn | None, sessions: Sessions | None = None
+    ) -> None:
         self.agent = agent
         self.context = context
+        self.sessions = sessions or Sessions()
 
     def value(self, ctx: Any) -> Any:
         return self.context(ctx) if self.context is not None else None
@@ -125,12 +130,24 @@ class ToolRunner:
         )
         return item["output"]
 
-    def tool_fn(self, tool: FunctionTool) -> Callable[..., Any]:
+    def tool_fn(self, tool: FunctionTool, *, server: MCPServer | None = None) -> Callable[..., Any]:
         """A runledger tool function (``ctx`` first) that runs ``tool``: ``def`` for a plain
         ``def`` tool (runledger waits for its thread, it cannot be stopped), ``async def``
-        otherwise (cancelled when the lease is lost)."""
+        otherwise (cancelled when the lease is lost). A tool of an MCP ``server`` runs
+        with a session to it open."""
         raising = copy.copy(tool)  # the copy rebinds its invoker to itself
         set_function_tool_failure_error_function(raising, None)
+
+        if server is not None:
+
+            async def call_mcp(ctx: ToolContext, /, **args: Any) -> Any:
+                with using_tool_context(ctx):
+                    async with self.sessions.open([server]):
+                        return await self.invoke(tool, raising, ctx, args)
+
+            call_mcp.__name__ = tool.name
+            call_mcp.__doc__ = tool.description
+            return call_mcp
 
         if is_sync(tool):
 

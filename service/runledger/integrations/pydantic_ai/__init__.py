@@ -7,8 +7,11 @@
   would use), and stops before Pydantic AI would run a tool. The response, serialised by
   ``ModelMessagesTypeAdapter``, is the turn's ``Decision.record``; a recorded turn is never
   asked again.
-- **Each agent tool is a runledger tool** with the safety class it is given; a tool
-  without one is refused when the flow is built. Tool code reads the idempotency key and
+- **Each agent tool is a runledger tool** with the safety class it is given; a function
+  tool without one is refused when the flow is built. The tools of an ``MCPToolset``
+  (listed from the server when the flow is built) are runledger tools too: one the flow
+  does not name gets its class from the server's annotations (:mod:`.._mcp`), ``unsafe``
+  when they say nothing. Tool code reads the idempotency key and
   fencing token from :func:`runledger.tool_context` and still gets a ``RunContext`` (with
   the flow's deps) if it takes one.
 - **Failures look as they do under ``agent.run``.** A tool raising ``ModelRetry``, or
@@ -69,7 +72,13 @@ from runledger.flows import (
     ToolContext,
     using_tool_context,
 )
-from runledger.integrations._flows import attach_lookups, check_safety, default_prompt
+from runledger.integrations._flows import attach_lookups, default_prompt
+from runledger.integrations._mcp import (
+    McpToolsUnavailable,
+    annotations_of,
+    resolve_safety,
+    run_aside,
+)
 from runledger.integrations.pydantic_ai import needs
 from runledger.integrations.pydantic_ai.records import (
     failure,
@@ -82,7 +91,13 @@ from runledger.integrations.pydantic_ai.records import (
 )
 from runledger.model import Safety
 
-__all__ = ["UnsupportedResponse", "agent_flow", "record_to_response", "response_to_record"]
+__all__ = [
+    "McpToolsUnavailable",
+    "UnsupportedResponse",
+    "agent_flow",
+    "record_to_response",
+    "response_to_record",
+]
 
 PromptFn = Callable[[PolicyContext], Any]
 DepsFn = Callable[[PolicyContext | ToolContext], Any]
@@ -108,11 +123,16 @@ def agent_flow(
     max_turns: int | None = None,
     max_calls: int | None = None,
     parallel_calls: bool = True,
+    trust_mcp_hints: bool = False,
 ) -> Flow:
     """A :class:`~runledger.Flow` that runs ``agent`` one journaled model request per turn.
 
-    - ``safety``: the safety class of every tool of the agent (a tool without one, or a
-      class for a tool the agent lacks, is a ``ValueError``);
+    - ``safety``: the safety class of every tool of the agent (a function tool without
+      one, or a class for a tool the agent lacks, is a ``ValueError``); a tool of an
+      ``MCPToolset`` it does not name gets the class its annotations give:
+      ``readOnlyHint`` is ``read_only``, anything else ``unsafe``;
+    - ``trust_mcp_hints``: also take ``idempotentHint`` (with ``destructiveHint: false``)
+      as ``idempotent``: only for MCP servers you trust (docs/agents.md);
     - ``prompt(ctx)``: the user prompt from the :class:`~runledger.flows.PolicyContext`
       (default ``ctx.input["prompt"]``);
     - ``deps(ctx)``: the agent's deps, built from the ``PolicyContext`` for model requests
@@ -131,14 +151,22 @@ def agent_flow(
     """
     needs.check()
     tools = _agent_tools(agent)
-    check_safety(tools, safety)
-    adapter = _Adapter(agent, tools, prompt or default_prompt, deps)
+    mcp = _mcp_tools(agent)
+    classes = resolve_safety(
+        tools,
+        {name: annotations for name, (_, annotations) in mcp.items()},
+        safety,
+        trust_mcp_hints=trust_mcp_hints,
+    )
+    adapter = _Adapter(
+        agent, tools, {n: t for n, (t, _) in mcp.items()}, prompt or default_prompt, deps
+    )
     flow = Flow(
         name, version, max_turns=max_turns, max_calls=max_calls, parallel_calls=parallel_calls
     )
     for tool_name, (tool, _) in tools.items():
         flow.tool(
-            safety=safety[tool_name],
+            safety=classes[tool_name],
             name=tool_name,
             timeout=tool.timeout,
             max_attempts=max_attempts,
@@ -146,6 +174,10 @@ def agent_flow(
             # Pydantic AI's requires_approval: each call waits for `runledger approve`
             approval=bool(tool.requires_approval),
         )(adapter.tool_fn(tool))
+    for tool_name in mcp:
+        flow.tool(safety=classes[tool_name], name=tool_name, max_attempts=max_attempts)(
+            adapter.mcp_tool_fn(tool_name)
+        )
     attach_lookups(flow, lookups)
     flow.policy(adapter.decide)
     flow.validate()  # a 'lookup' tool without a lookup
@@ -155,15 +187,57 @@ def agent_flow(
 def _agent_tools(agent: Agent[Any, Any]) -> dict[str, tuple[AgentTool[Any], FunctionToolset[Any]]]:
     """Every function tool of the agent, with its toolset."""
     tools: dict[str, tuple[AgentTool[Any], FunctionToolset[Any]]] = {}
+    mcp_class = _mcp_toolset_class()
     for toolset in agent.toolsets:
+        if mcp_class is not None and isinstance(toolset, mcp_class):
+            continue  # _mcp_tools
         if not isinstance(toolset, FunctionToolset):
             raise ValueError(
-                f"toolset {toolset.label} is not a function toolset: only function tools can "
-                "be journaled"
+                f"toolset {toolset.label} is not a function toolset or an MCPToolset: only "
+                "function and MCP tools can be journaled"
             )
         for tool_name, tool in toolset.tools.items():
             tools[tool_name] = (tool, toolset)
     return tools
+
+
+def _mcp_toolset_class() -> type[Any] | None:
+    """``pydantic_ai.mcp.MCPToolset``, None when its client (FastMCP) is not installed."""
+    try:
+        from pydantic_ai.mcp import MCPToolset
+    except ImportError:
+        return None
+    return MCPToolset
+
+
+def _mcp_tools(agent: Agent[Any, Any]) -> dict[str, tuple[Any, dict[str, Any] | None]]:
+    """Every tool of the agent's ``MCPToolset``s that the model is shown, with its toolset
+    and its annotations, listed from the servers now (each connected and closed again)."""
+    mcp_class = _mcp_toolset_class()
+    toolsets = [t for t in agent.toolsets if mcp_class is not None and isinstance(t, mcp_class)]
+    tools: dict[str, tuple[Any, dict[str, Any] | None]] = {}
+    for toolset in toolsets:
+
+        async def listed(toolset: Any = toolset) -> list[Any]:
+            async with toolset:
+                return list(await toolset.list_tools())
+
+        for mcp_tool in run_aside(f"MCP server {toolset.label}: tools not listed", listed):
+            if not _visible_to_model(mcp_tool):
+                continue
+            if mcp_tool.name in tools:
+                raise ValueError(f"two MCP servers of the agent have a tool {mcp_tool.name}")
+            tools[mcp_tool.name] = (toolset, annotations_of(mcp_tool.annotations))
+    return tools
+
+
+def _visible_to_model(mcp_tool: Any) -> bool:
+    """MCP Apps: a tool whose ``_meta.ui.visibility`` leaves out ``model`` is not shown to
+    the model (Pydantic AI leaves it out of the agent's tools)."""
+    meta = mcp_tool.meta if isinstance(mcp_tool.meta, dict) else {}
+    ui = meta.get("ui")
+    visibility = ui.get("visibility") if isinstance(ui, dict) else None
+    return not isinstance(visibility, list) or "model" in visibility
 
 
 class _Adapter:
@@ -173,11 +247,13 @@ class _Adapter:
         self,
         agent: Agent[Any, Any],
         tools: dict[str, tuple[AgentTool[Any], FunctionToolset[Any]]],
+        mcp: dict[str, Any],
         prompt: PromptFn,
         deps: DepsFn | None,
     ) -> None:
         self.agent = agent
         self.tools = tools
+        self.mcp = mcp  # MCP tool name -> its MCPToolset
         self.prompt = prompt
         self.deps = deps
 
@@ -187,6 +263,9 @@ class _Adapter:
         """The tool's retry budget: the tool's own, its toolset's, or the run's default (the
         agent's ``retries``, or what ``agent.override``/``run`` set), as Pydantic AI
         resolves it."""
+        if tool_name in self.mcp:
+            budget = self.mcp[tool_name].max_retries
+            return run.max_retries if budget is None else int(budget)
         tool, toolset = self.tools[tool_name]
         if tool.max_retries is not None:
             return tool.max_retries
@@ -216,10 +295,38 @@ class _Adapter:
         call.__doc__ = tool.description
         return call
 
+    def mcp_tool_fn(self, tool_name: str) -> Callable[..., Any]:
+        """A runledger tool function that calls the MCP tool ``tool_name`` as Pydantic AI
+        calls it (its toolset's ``call_tool``), on a session of its own: the toolset is
+        entered for the call (a stdio server's process lives for one call)."""
+
+        async def call_mcp(ctx: ToolContext, /, **args: Any) -> Any:
+            with using_tool_context(ctx):
+                return await self.invoke_mcp(ctx, tool_name, args)
+
+        call_mcp.__name__ = tool_name
+        return call_mcp
+
+    async def invoke_mcp(self, ctx: ToolContext, tool_name: str, args: dict[str, Any]) -> Any:
+        run = await self.run_context(ctx, tool_name)
+        toolset = self.mcp[tool_name]
+        async with toolset:
+            built = (await toolset.get_tools(run)).get(tool_name)
+            if built is None:
+                raise not_applied("failed", f"the MCP server no longer has a tool {tool_name}")
+            try:
+                validated = dict(built.args_validator.validate_python(args))
+            except ValidationError as exc:
+                raise not_applied("retried", validation_content(exc), "validation_error") from exc
+            try:
+                return tool_result(await toolset.call_tool(tool_name, validated, run, built))
+            except (ModelRetry, ToolFailed) as exc:
+                raise model_visible(exc) from exc
+
     async def invoke(self, ctx: ToolContext, tool: AgentTool[Any], args: dict[str, Any]) -> Any:
         """Validate the arguments and call the tool as its toolset calls it (the tool's own
         timeout is runledger's: a call that outlives it is ambiguous, not retried)."""
-        run = await self.run_context(ctx, tool)
+        run = await self.run_context(ctx, tool.name)
         toolset = self.tools[tool.name][1]
         built = toolset.tool_for_tool_def(tool.tool_def, ctx=run, original_name=tool.name)
         try:
@@ -231,7 +338,7 @@ class _Adapter:
         except (ModelRetry, ToolFailed) as exc:
             raise model_visible(exc) from exc
 
-    async def run_context(self, ctx: ToolContext, tool: AgentTool[Any]) -> RunContext[Any]:
+    async def run_context(self, ctx: ToolContext, tool_name: str) -> RunContext[Any]:
         """The ``RunContext`` a Pydantic AI tool gets, with the model ``agent.run`` would use
         now. ``retry`` is 0 and ``tool_call_id`` is None: the journal, not the run context,
         counts attempts (``ctx.attempt``)."""
@@ -242,8 +349,8 @@ class _Adapter:
             model=captured.run.model,
             usage=RunUsage(),
             agent=self.agent,
-            tool_name=tool.name,
-            max_retries=self.max_retries(tool.name, captured.run),
+            tool_name=tool_name,
+            max_retries=self.max_retries(tool_name, captured.run),
             run_id=ctx.run_id,
         )
 
@@ -304,7 +411,7 @@ class _Adapter:
         call the flow has no tool for then fails the run as ``invalid_decision``); none
         when it calls no function tool (the output, decided by Pydantic AI)."""
         parts = response.tool_calls
-        if not any(p.tool_name in self.tools for p in parts):
+        if not any(p.tool_name in self.tools or p.tool_name in self.mcp for p in parts):
             return []
         return [ToolCall(p.tool_name, p.args_as_dict(), provider_id=p.tool_call_id) for p in parts]
 
