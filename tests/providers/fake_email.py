@@ -191,8 +191,9 @@ class FakeSmtp:
         if drop is not None:
             if drop:
                 self._accept(envelope)
-            assert server.transport is not None
-            server.transport.abort()
+            transport = server.transport
+            assert isinstance(transport, asyncio.Transport)
+            transport.abort()
             return "250 OK"  # never reaches the client
         if hold is not None:
             if hold.land == "before":
@@ -310,7 +311,8 @@ class FakeImap:
 
     def copies(self, folder: str, message_id: str) -> list[Stored]:
         with self.lock:
-            return [m for m in self.folders[folder].messages if message_id in m.header("Message-ID")]
+            box = self.folders[folder]
+            return [m for m in box.messages if message_id in m.header("Message-ID")]
 
     def file(self, folder: str, raw: bytes, flags: set[str]) -> None:
         with self.lock:
@@ -415,28 +417,26 @@ class FakeImap:
             folder = self.folders[state["folder"]]
             if command == "SEARCH":
                 found = [m for m in folder.messages if self._matches(m, list(args))]
-                numbers = [
-                    str(m.uid if by_uid else folder.messages.index(m) + 1) for m in found
-                ]
+                numbers = [str(m.uid if by_uid else folder.messages.index(m) + 1) for m in found]
                 send("* SEARCH" + "".join(f" {n}" for n in numbers))
                 return None
             if command == "FETCH":
                 for seq, m in self._select(folder, str(args[0]), by_uid):
                     date = m.internaldate.strftime("%d-%b-%Y %H:%M:%S +0000")
-                    flags = " ".join(sorted(m.flags))
-                    send(f'* {seq} FETCH (UID {m.uid} FLAGS ({flags}) INTERNALDATE "{date}")')
+                    shown = " ".join(sorted(m.flags))
+                    send(f'* {seq} FETCH (UID {m.uid} FLAGS ({shown}) INTERNALDATE "{date}")')
                 return None
             if command == "STORE":
                 if state["readonly"]:
                     return "NO folder is read-only"
-                op, flags = str(args[1]).upper(), {str(f) for f in args[2]}
+                op, change = str(args[1]).upper(), {str(f) for f in args[2]}
                 for seq, m in self._select(folder, str(args[0]), by_uid):
                     if op.startswith("+"):
-                        m.flags |= flags
+                        m.flags |= change
                     elif op.startswith("-"):
-                        m.flags -= flags
+                        m.flags -= change
                     else:
-                        m.flags = set(flags)
+                        m.flags = set(change)
                     if not op.endswith(".SILENT"):
                         send(f"* {seq} FETCH (UID {m.uid} FLAGS ({' '.join(sorted(m.flags))}))")
                 return None

@@ -32,13 +32,13 @@ from runledger.providers.email import (
     resend_emails,
     smtp_emails,
 )
-from tests.integration.conftest import (  # noqa: F401 - fixtures
-    Db,
-    StartWorker,
-    db,
-    start_worker,
-)
+from tests.integration import conftest as integration
+from tests.integration.conftest import Db, StartWorker
 from tests.providers.fake_email import FakeImap, FakeResend, FakeSmtp, wait_until
+
+# the integration suite's fixtures: a worker in this loop, reads of a fresh database
+db = integration.db
+start_worker = integration.start_worker
 
 TIMEOUT = 2.0
 SENDER = "Agent <agent@example.com>"
@@ -179,9 +179,7 @@ def test_lookup_waits_for_a_send_that_may_still_land(smtp: FakeSmtp, imap: FakeI
 
 
 @pytest.mark.parametrize("stage", ["MAIL", "RCPT", "DATA"])
-def test_a_4xx_reply_is_not_applied_and_retried(
-    smtp: FakeSmtp, imap: FakeImap, stage: str
-) -> None:
+def test_a_4xx_reply_is_not_applied_and_retried(smtp: FakeSmtp, imap: FakeImap, stage: str) -> None:
     tool = smtp_tool(smtp, imap)
     smtp.fail_next(stage, 451)
     with pytest.raises(NotApplied) as err:
@@ -379,7 +377,8 @@ def test_resend_409_in_progress_waits_for_the_original(resend_api: FakeResend) -
     second, out2 = in_thread(lambda: send(tool, make_ctx("r5", age=dt.timedelta(seconds=1))))
     wait_until(lambda: len(resend_api.requests) >= 3, what="a 409 and a retry")
     hold.released.set()
-    first.join(15), second.join(15)
+    first.join(15)
+    second.join(15)
     assert isinstance(out[0], Receipt) and isinstance(out2[0], Receipt)
     assert out2[0].result == out[0].result and len(resend_api.effects("r5")) == 1
 

@@ -378,8 +378,9 @@ def smtp_emails(
     the lookup concludes "not found" only once the last send is that much older (set
     it at least as long as your server takes to answer the end of DATA; RFC 5321
     allows a server 10 minutes). The lease must be longer than ``timeout``: with less of
-    it left the tool sends nothing (``NotApplied(retry=True)``). ``filing="server"``: the submission server files sent
-    mail in ``imap.folder`` itself (Gmail does); the lookup then also waits
+    it left the tool sends nothing (``NotApplied(retry=True)``). ``filing="server"``:
+    the submission server files sent mail in ``imap.folder`` itself (Gmail does); the
+    lookup then also waits
     ``filing_delay``. ``retention``: how long copies stay in the sent folder.
 
     The crash windows this settles, and the one it does not, are in the module's
