@@ -391,6 +391,28 @@ def test_refunds_are_found_by_listing_and_customers_by_search(fake: FakeStripe) 
     assert len(fake.effects("k-cus")) == 1
 
 
+def test_the_list_is_read_page_by_page(fake: FakeStripe) -> None:
+    """Without Search (``search=False``), the lookup lists everything since the key's
+    first send, newest first, a hundred a page: the key's object is on the second page."""
+    flow = Flow("no-search", "1")
+    stripe_tools.customers(flow, client_of(fake), search=False)
+    first = send(flow, "create_customer", ctx_of("k-page"), email="first@example.com")
+    for i in range(120):
+        fake._execute("/v1/customers", {"email": f"{i}@example.com"}, f"other-{i}")
+    ctx = ctx_of("k-page", age=dt.timedelta(minutes=1))
+    found = lookup(flow, "create_customer", ctx)
+    assert found is not None and (found["id"], found["found_by"]) == (first["id"], "list")
+    assert ctx.observed[0]["scanned"] == 121
+    assert len(fake.requests()) == 1 + 2  # the send, then two pages: no search
+
+
+def test_metadata_of_the_wrong_shape_is_refused_unsent(fake: FakeStripe) -> None:
+    flow = tools(fake)
+    with pytest.raises(NotApplied, match="metadata must be an object"):
+        send(flow, "create_customer", ctx_of("k-meta"), metadata="x")  # type: ignore[arg-type]
+    assert fake.requests() == []
+
+
 def test_a_key_with_quotes_is_searched_exactly(fake: FakeStripe) -> None:
     flow = tools(fake)
     key = "run 'x'\\y:0:c0"
