@@ -34,7 +34,7 @@ pytestmark = pytest.mark.process
 LOOKUP_TOOLS = ("create_github_issue", "comment_on_github_issue", "post_slack_message")
 TOOLS = (*LOOKUP_TOOLS, "label_github_issue")
 POINTS = ("before_dispatch", "after_dispatch", "after_effect", "after_complete")
-# the recovery's lease: two thirds of it must hold the lookups' landing wait (5 s)
+# the recovery's lease (the lookups' landing waits are 5 s at most here)
 RECOVERY_LEASE = ["--lease-seconds", "20"]
 CRASH_LEASE = 60.0  # long: a starved lane worker still holds its run when it dies
 # the lookup rows of the seed's crash-window table (tool "charge"), by crash point

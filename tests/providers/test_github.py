@@ -20,13 +20,8 @@ from githubkit import GitHub
 from runledger.flows import Flow, NotApplied, Receipt, ToolCall, ToolContext, Unknowable
 from runledger.providers import github as github_tools
 from runledger.providers.base import marker
-from tests.integration import conftest as integration
 from tests.integration.conftest import Db, StartWorker
 from tests.providers.fake_github import FakeGitHub
-
-# a real worker on a real PostgreSQL (tests/integration/conftest.py)
-db = integration.db
-start_worker = integration.start_worker
 
 OWNER, REPO = "acme", "support"
 
@@ -302,10 +297,15 @@ async def test_a_create_that_lands_after_the_client_gave_up_is_found_once(
     assert any("waited_for_landing_s" in o for o in lookup_ctx.observed)
 
 
-async def test_a_landing_wait_longer_than_the_lease_fails_the_lookup(gh: GitHub[Any]) -> None:
+async def test_a_lease_that_ends_before_the_landing_fails_the_lookup(
+    fake: FakeGitHub, gh: GitHub[Any]
+) -> None:
+    """A lease not renewed (this ctx's) ends during the wait: the lookup fails (asked
+    again later), it never says "not found" early."""
     create, _, _ = tools(gh, landing_bound=30.0)
-    with pytest.raises(TimeoutError, match="longer than the lease"):
-        await create.lookup_fn(ctx_for(first=now(), sent=now(), lease=5.0))
+    with pytest.raises(TimeoutError, match="lease is about to end"):
+        await create.lookup_fn(ctx_for(first=now(), sent=now(), lease=1.5))
+    assert not any(p == ISSUES for _, p, _ in fake.requests)
 
 
 def test_a_client_that_retries_5xx_is_refused(fake: FakeGitHub) -> None:

@@ -19,14 +19,9 @@ from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 from runledger.flows import Flow, NotApplied, Receipt, ToolCall, Unknowable
 from runledger.providers import slack as slack_tools
 from runledger.providers.base import Retention
-from tests.integration import conftest as integration
 from tests.integration.conftest import Db, StartWorker
 from tests.providers.fake_slack import FakeSlack
 from tests.providers.test_github import ctx_for, now, sent_ctx
-
-# a real worker on a real PostgreSQL (tests/integration/conftest.py)
-db = integration.db
-start_worker = integration.start_worker
 
 CHANNEL, OTHER = "C0GENERAL1", "C0RANDOM01"
 POST = "/api/chat.postMessage"

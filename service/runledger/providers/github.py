@@ -444,7 +444,7 @@ def create_issue(
     the repository's issues (``GET /repos/{owner}/{repo}/issues?state=all&sort=created
     &direction=desc``, every page back to the key's first send less ``margin``) after
     waiting ``landing_bound`` seconds from the last send (default: ``request_timeout``
-    plus GitHub's 10 s plus 2 s; keep it under two thirds of the worker's lease). An
+    plus GitHub's 10 s plus 2 s; the worker renews the lease meanwhile). An
     issue deleted since the first send makes the lookup :class:`~runledger.Unknowable`.
     """
     r = _repo(client, owner, repo, request_timeout, landing_bound, margin, max_pages)

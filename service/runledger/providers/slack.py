@@ -335,8 +335,8 @@ def post_message(
     ids, ``name(channel, text)`` posting to the one the model names among them.
 
     Safety ``lookup``. The lookup waits until ``client.timeout + processing_bound + 2``
-    seconds have passed since the last send (keep that under two thirds of the worker's
-    lease: ``WebClient(timeout=5)`` with the default bound waits 17 s), then reads
+    seconds have passed since the last send (``WebClient(timeout=5)`` with the default
+    bound: 17 s; slack_sdk's default timeout of 30 s: 42 s), then reads
     ``conversations.history`` of the channel (each of them, given several: a lookup is
     not handed the call's arguments) from the key's first send less ``margin``. Nothing
     found past ``retention`` (default one day, the shortest retention Slack lets an
