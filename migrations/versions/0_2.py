@@ -1,7 +1,6 @@
 """Revision 0.2, open until the 0.2.0 release (CONTRIBUTING.md): the witness of how
 commits are acknowledged (runledger.commit_guarantees), and a failover detection that
-doubts nothing after a failover that could lose no acknowledged commit; when each call's
-key was first dispatched (its age at the provider). A delta on the
+doubts nothing after a failover that could lose no acknowledged commit. A delta on the
 baseline 0.1; the downgrade puts 0.1's functions back and drops what this added.
 
 Revision ID: 0.2

@@ -209,8 +209,6 @@ class Call:
     # None: never dispatched on this timeline
     dispatched_by: str | None = None
     dispatched_at: dt.datetime | None = None  # the last dispatch (database clock)
-    # the first dispatch of its key (revision 0.2): the key's age at the provider
-    first_dispatched_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

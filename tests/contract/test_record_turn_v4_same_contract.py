@@ -59,8 +59,7 @@ def _written(conn: Conn, run_id: str) -> dict[str, Any]:
             (run_id,),
         ).fetchall(),
         "calls": q(
-            "SELECT to_jsonb(c) - 'dispatched_at' - 'first_dispatched_at' - 'completed_at'"
-            " FROM runledger.run_calls c"
+            "SELECT to_jsonb(c) - 'dispatched_at' - 'completed_at' FROM runledger.run_calls c"
             " WHERE c.run_id = %s ORDER BY c.turn, c.position",
             (run_id,),
         ).fetchall(),

@@ -4,8 +4,9 @@ and a lookup that says the provider cannot tell (``Unknowable``) makes the call 
 at once, without sending it again.
 
 Also the key's send times a lookup judges the provider's retention by:
-``ctx.first_sent_at`` (the first dispatch, kept by the database in
-``run_calls.first_dispatched_at``) and ``ctx.sent_at``.
+``ctx.first_sent_at`` (the first dispatch: this holder's own, or, for a call another
+holder sent, the journal's first ``call_dispatched`` event of the key) and
+``ctx.sent_at``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import json
 from typing import Any
 
 from click.testing import CliRunner
+from psycopg.types.json import Jsonb
 from starlette.testclient import TestClient
 
 from runledger.cli import main
 from runledger.console import ConsoleConfig, create_app
 from runledger.flows import Flow, ToolCall, ToolContext, Unknowable
-from tests.integration.conftest import Db, Recorder, StartWorker
+from tests.integration.conftest import Db, Recorder, StartWorker, eventually
 
 
 def _flow(rec: Recorder) -> Flow:
@@ -87,8 +89,8 @@ async def test_an_unknowable_lookup_pauses_at_once_with_the_steps_it_took(
     [(first, sent)] = seen
     assert first is not None and first == sent
     assert (lookups[0].first_sent_at, lookups[0].sent_at) == (first, sent)
-    assert call["first_dispatched_at"] == call["dispatched_at"]
-    assert abs((call["first_dispatched_at"] - first).total_seconds()) < 5
+    # this holder's own clock, next to the database's record of the dispatch
+    assert abs((call["dispatched_at"] - first).total_seconds()) < 5
 
 
 async def test_a_resend_keeps_the_first_dispatch_and_a_recovered_lookup_sees_it(
@@ -122,7 +124,8 @@ async def test_a_resend_keeps_the_first_dispatch_and_a_recovered_lookup_sees_it(
     (f1, s1), (f2, s2), (f3, s3), (f4, s4) = seen
     assert f1 == s1 == f2 == s2  # the first send, then its lookup
     assert f3 == f4 == f1 and s3 == s4 and s3 > s1  # the second send moved sent_at only
-    assert call["first_dispatched_at"] < call["dispatched_at"]
+    sends = await db.events("ev-2", "call_dispatched")
+    assert [e["detail"]["attempt"] for e in sends] == [1, 2]
 
 
 async def test_the_person_sees_the_evidence_in_the_cli_and_the_console(
@@ -173,3 +176,102 @@ async def test_the_person_sees_the_evidence_in_the_cli_and_the_console(
     html = await asyncio.to_thread(page)
     assert "what its worker saw (2 steps)" in html
     assert "saw unknowable" in html and "request_id: req_77" in html
+
+
+async def test_a_call_another_holder_sent_is_looked_up_with_its_first_send_from_the_journal(
+    db: Db, start_worker: StartWorker, database_url: str
+) -> None:
+    """A worker that died after it dispatched the call twice (the database's journal is
+    all that is left of it): the next holder's lookup sees the first dispatch's time as
+    ``first_sent_at`` and the second's as ``sent_at``, by the database's clock."""
+    rec = Recorder()
+    flow = _flow(rec)
+    seen: list[tuple[dt.datetime | None, dt.datetime | None]] = []
+
+    @flow.tool(safety="lookup")
+    def charge(ctx: ToolContext, amount: int) -> dict[str, Any]:
+        raise AssertionError("found by the lookup: never sent again")
+
+    @charge.lookup
+    def find(ctx: ToolContext) -> dict[str, Any] | None:
+        seen.append((ctx.first_sent_at, ctx.sent_at))
+        return {"charge_id": "ch_1"}
+
+    await db.submit("ev-4", flow)
+    ghost = await db.rows(
+        "SELECT * FROM runledger.claim_runs_v4('ghost', ARRAY['evidence@1'], '3 hours', 1)"
+    )
+    lease = (ghost[0]["run_id"], ghost[0]["lease_id"], ghost[0]["fencing_token"])
+    await db.rows(
+        "SELECT * FROM runledger.record_turn_v4(%s, %s, %s, 0, %s, NULL, NULL, NULL, NULL,"
+        " false, NULL)",
+        *lease,
+        Jsonb([{"call_id": "c0", "tool": "charge", "args": {"amount": 7}}]),
+    )
+    for _ in range(2):  # sent, then sent again with the same key
+        await db.rows("SELECT runledger.dispatch_call(%s, %s, %s, 'ev-4:0:c0')", *lease)
+        await db.rows(
+            "UPDATE runledger.settings SET clock_offset = clock_offset + interval '1 hour'"
+        )
+    await db.rows(  # the ghost's lease is over by the database clock
+        "UPDATE runledger.settings SET clock_offset = clock_offset + interval '2 hours'"
+    )
+    await start_worker(flow)
+    await db.wait_status("ev-4", "succeeded", "paused", "failed")
+
+    first, second = (e["at"] for e in await db.events("ev-4", "call_dispatched"))
+    assert second - first >= dt.timedelta(hours=1)
+    assert seen == [(first, second)]
+    [call] = await db.calls("ev-4")
+    assert (call["status"], call["receipt"]) == ("succeeded", {"charge_id": "ch_1"})
+
+
+async def test_a_call_a_failover_marked_dispatched_counts_from_the_failover(
+    db: Db, start_worker: StartWorker
+) -> None:
+    """A lossy failover marks the held run's planned call dispatched (it may have been
+    sent on the lost timeline): the lookup's ``first_sent_at`` is the time of the
+    ``failover_detected`` event that marked it."""
+    rec = Recorder()
+    flow = _flow(rec)
+    seen: list[dt.datetime | None] = []
+
+    @flow.tool(safety="lookup")
+    def charge(ctx: ToolContext, amount: int) -> dict[str, Any]:
+        raise AssertionError("found by the lookup: never sent again")
+
+    @charge.lookup
+    def find(ctx: ToolContext) -> dict[str, Any] | None:
+        seen.append(ctx.first_sent_at)
+        return {"charge_id": "ch_2"}
+
+    await db.submit("ev-5", flow)
+    ghost = await db.rows(
+        "SELECT * FROM runledger.claim_runs_v4('ghost', ARRAY['evidence@1'], '3 hours', 1)"
+    )
+    await db.rows(
+        "SELECT * FROM runledger.record_turn_v4(%s, %s, %s, 0, %s, NULL, NULL, NULL, NULL,"
+        " false, NULL)",
+        ghost[0]["run_id"],
+        ghost[0]["lease_id"],
+        ghost[0]["fencing_token"],
+        Jsonb([{"call_id": "c0", "tool": "charge", "args": {"amount": 7}}]),
+    )
+    # the schema last saw another timeline, with nothing to say the failover lost nothing:
+    # what a lossy promotion looks like to the next claim
+    await db.rows(
+        "INSERT INTO runledger.timelines (position, timeline, seen_at) "
+        "SELECT max(position) + 1, runledger._timeline() + 6, now() FROM runledger.timelines"
+    )
+    await start_worker(flow)
+    detected = await eventually(
+        lambda: db.events("ev-5", "failover_detected"), what="the failover's detection"
+    )
+    assert detected[0]["detail"]["marked_dispatched"] == ["ev-5:0:c0"]
+    await db.rows(  # the ghost's lease, ended by the detection within 10 s, is over
+        "UPDATE runledger.settings SET clock_offset = clock_offset + interval '1 minute'"
+    )
+    await db.wait_status("ev-5", "succeeded", "paused", "failed")
+
+    assert seen == [detected[0]["at"]]
+    assert await db.events("ev-5", "call_dispatched") == []  # never sent on this timeline

@@ -173,7 +173,10 @@ def check_row(
     if row.run_status == "paused":
         (unknown,) = row.steps
         assert isinstance(unknown, MarkUnknown)
-        assert first_call["error"] == unknown.error
+        error = dict(first_call["error"])
+        [waited] = error.pop("evidence")  # the dead worker, waited for
+        assert error == unknown.error
+        assert (waited["step"], waited["ended"]) == ("earlier sender", "process_gone")
         assert key in final["pause_reason"]
         # a person reconciles: the provider shows whether the e-mail went out
         resolution = "applied" if effects else "not_applied"

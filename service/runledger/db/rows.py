@@ -108,7 +108,6 @@ def call_from_row(r: Row) -> Call:
         approval_by=r.get("approval_by"),
         dispatched_by=r.get("dispatched_by"),
         dispatched_at=_instant(r.get("dispatched_at")),
-        first_dispatched_at=_instant(r.get("first_dispatched_at")),
     )
 
 

@@ -192,7 +192,6 @@ run_calls: Final = Table(
     Column("approval_by", Text, nullable=True),
     Column("approval_note", Text, nullable=True),
     Column("approval_at", _tstz(), nullable=True),
-    Column("first_dispatched_at", _tstz(), nullable=True),  # 0.2: the key's age
     PrimaryKeyConstraint("run_id", "turn", "call_id"),
     UniqueConstraint("idempotency_key"),
     # Named by hand: the convention would use the first column (run_id).

@@ -609,6 +609,25 @@ class WorkerStore:
             now=r["now"],
         )
 
+    async def first_dispatch(self, run_id: str, idempotency_key: str) -> dt.datetime | None:
+        """When the call's key was first sent, as the journal says (the database's clock):
+        its first ``call_dispatched`` event, or the ``failover_detected`` event that
+        marked it dispatched, whichever came first; None if it was never dispatched. The
+        age a provider's lookup judges its retention window by (docs/providers.md). A
+        read of the run's events, made only for a call dispatched before this holder
+        took it."""
+        check_text("idempotency key", idempotency_key)
+        rows = await self.executor.read(
+            "SELECT min(e.at) AS first FROM runledger.run_events e"
+            " WHERE e.run_id = %s AND ((e.kind = 'call_dispatched'"
+            " AND e.detail ->> 'idempotency_key' = %s) OR (e.kind = 'failover_detected'"
+            " AND e.detail -> 'marked_dispatched' ? %s))",
+            (run_id, idempotency_key, idempotency_key),
+            fields={"run_id": run_id},
+        )
+        first: dt.datetime | None = rows[0]["first"] if rows else None
+        return first
+
     async def release_call(
         self,
         run_id: str,

@@ -2,7 +2,7 @@
 
 - :class:`Retention`: how long the provider keeps what a lookup reads (its idempotency
   records, a message history), judged by the key's first send (``ctx.first_sent_at``,
-  the database's ``run_calls.first_dispatched_at``). :meth:`Retention.not_found` is what
+  as the journal's events record it). :meth:`Retention.not_found` is what
   a lookup returns when it found nothing: ``None`` (the key did not take effect, send it
   again) within the window, :class:`~runledger.Unknowable` past it.
 - :func:`landing_wait` / :func:`await_landing`: a request the client gave up on may still

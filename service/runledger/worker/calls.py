@@ -182,7 +182,13 @@ class Calls:
         attempt = call.attempts  # the attempt number the tool and its lookup see
         in_hand: tuple[Any, dict[str, Any] | None] = (None, None)  # result, receipt
         # the key's send times and this holder's steps: evidence if the call ends unknown
-        trail = Trail(first_sent=call.first_dispatched_at, sent=call.dispatched_at)
+        trail = Trail(sent=call.dispatched_at)
+        if dispatched is None and call.attempts > 0:
+            # sent before this holder took it: its lookup judges the key's age from the
+            # first send, which the journal keeps (a read of the run's events)
+            trail.first_sent = await self.writes.store.first_dispatch(
+                active.run_id, call.idempotency_key
+            )
         sends = Backoff(self.limits)
         asks = Backoff(self.limits)
         # how this holder's own send of the call ended, while that is not journaled yet:

@@ -255,10 +255,6 @@ CREATE TABLE runledger.run_calls (
     approval_by text,
     approval_note text,
     approval_at timestamptz,
-    -- when the call's key was first dispatched (revision 0.2): the age of the key at the
-    -- provider, whose idempotency records expire (providers.md); a failover that marks a
-    -- call dispatched counts as a dispatch
-    first_dispatched_at timestamptz,
     CONSTRAINT pk_run_calls PRIMARY KEY (run_id, turn, call_id),
     CONSTRAINT uq_run_calls_idempotency_key UNIQUE (idempotency_key),
     CONSTRAINT fk_run_calls_turn_run_turns FOREIGN KEY (run_id, turn)

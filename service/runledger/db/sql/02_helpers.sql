@@ -613,8 +613,7 @@ DECLARE
 BEGIN
     UPDATE runledger.run_calls x
     SET status = 'dispatched', attempts = x.attempts + 1, dispatched_token = p_fencing_token,
-        dispatched_by = p_owner, dispatched_at = p_now,
-        first_dispatched_at = coalesce(x.first_dispatched_at, p_now)
+        dispatched_by = p_owner, dispatched_at = p_now
     FROM runledger.run_calls o
     WHERE x.idempotency_key = p_key AND o.idempotency_key = p_key
       AND x.run_id IS NOT DISTINCT FROM p_run_id
@@ -644,8 +643,7 @@ BEGIN
         -- that passes the checks matched the UPDATE): the write, after the lock
         UPDATE runledger.run_calls
         SET status = 'dispatched', attempts = c.attempts + 1, dispatched_token = p_fencing_token,
-            dispatched_by = p_owner, dispatched_at = p_now,
-            first_dispatched_at = coalesce(c.first_dispatched_at, p_now)
+            dispatched_by = p_owner, dispatched_at = p_now
         WHERE idempotency_key = p_key AND status IN ('planned', 'dispatched')
           AND approval IS DISTINCT FROM 'pending';
         v_tool := c.tool;

@@ -175,7 +175,7 @@ BEGIN
             -- an attempt under the run's last surviving token: the dispatch that may be lost
             SET status = 'dispatched', attempts = c.attempts + 1,
                 dispatched_token = a.fencing_token, dispatched_by = 'failover',
-                dispatched_at = p_now, first_dispatched_at = coalesce(c.first_dispatched_at, p_now)
+                dispatched_at = p_now
             FROM affected a
             WHERE c.run_id = a.run_id AND c.status = 'planned'
               AND c.approval IS DISTINCT FROM 'pending'

@@ -288,7 +288,7 @@ BEGIN
         INSERT INTO runledger.run_calls (run_id, turn, call_id, position, tool, args,
                                          idempotency_key, status, attempts, provider_id,
                                          approval, dispatched_token, dispatched_by,
-                                         dispatched_at, first_dispatched_at)
+                                         dispatched_at)
         SELECT p_run_id, p_turn, a.c ->> 'call_id', a.pos - 1, a.c ->> 'tool',
                coalesce(a.c -> 'args', '{}'::jsonb),
                p_run_id || ':' || p_turn || ':' || (a.c ->> 'call_id'),
@@ -298,7 +298,6 @@ BEGIN
                CASE WHEN (a.c -> 'approval') = 'true'::jsonb THEN 'pending' END,
                CASE WHEN d.dispatch THEN r.fencing_token END,
                CASE WHEN d.dispatch THEN r.lease_owner END,
-               CASE WHEN d.dispatch THEN v_now END,
                CASE WHEN d.dispatch THEN v_now END
         FROM jsonb_array_elements(p_calls) WITH ORDINALITY AS a(c, pos)
         CROSS JOIN LATERAL (SELECT v_fast AND (a.c ->> 'call_id') = ANY (p_dispatch)
@@ -603,10 +602,7 @@ BEGIN
                 dispatched_by = CASE WHEN x.idempotency_key = p_idempotency_key
                                      THEN x.dispatched_by ELSE r.lease_owner END,
                 dispatched_at = CASE WHEN x.idempotency_key = p_idempotency_key
-                                     THEN x.dispatched_at ELSE v_now END,
-                first_dispatched_at = CASE WHEN x.idempotency_key = p_idempotency_key
-                                           THEN x.first_dispatched_at
-                                           ELSE coalesce(x.first_dispatched_at, v_now) END
+                                     THEN x.dispatched_at ELSE v_now END
             WHERE x.ctid = ANY (ARRAY[v_this, v_that])
               AND CASE WHEN x.idempotency_key = p_idempotency_key THEN x.status = 'dispatched'
                        WHEN x.idempotency_key = p_next_key
