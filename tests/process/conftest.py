@@ -150,7 +150,10 @@ class ForkedWorkerPool(WorkerPool):
     """A :class:`WorkerPool` whose workers are forked from multiprocessing's fork server,
     which imported :data:`FORK_PRELOAD` once. Each worker is still its own process
     running the ``runledger worker`` command (SIGKILL, SIGSTOP, exit codes as for the
-    exec'd ones); only the imports are shared, copy-on-write."""
+    exec'd ones); only the imports are shared, copy-on-write. ``preload``: what the fork
+    server imports, when this pool is the first to start it in this process."""
+
+    preload: list[str] = FORK_PRELOAD
 
     def _spawn(self, i: int) -> Any:
         argv = ["worker", "--worker-id", self.worker_id(i)]
@@ -166,7 +169,7 @@ class ForkedWorkerPool(WorkerPool):
             "RUNLEDGER_TESTING": "1",
         }
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(FORK_PRELOAD)
+        ctx.set_forkserver_preload(self.preload)
         proc = ctx.Process(
             target=_forked_worker,
             args=(argv, env, str(self.logs[i]), self.cwd),
@@ -174,6 +177,17 @@ class ForkedWorkerPool(WorkerPool):
         )
         proc.start()
         return _Forked(proc)
+
+
+def forked_like(base: WorkerPool, env: dict[str, str], preload: list[str]) -> ForkedWorkerPool:
+    """A :class:`ForkedWorkerPool` with ``base``'s database, settings and directory, more
+    environment (``env``), and a fork server that imports ``preload`` (when it is the
+    first to start one in this process); no flows until the test sets them."""
+    pool = ForkedWorkerPool(
+        base.database_url, [], env={**base.env, **env}, args=base.args, cwd=base.cwd
+    )
+    pool.preload = preload
+    return pool
 
 
 @pytest.fixture

@@ -26,7 +26,14 @@ from runledger.testing import WorkerPool
 from runledger.worker.recovery import MarkUnknown
 from tests.crash_windows import ROWS
 from tests.process import conftest as process
-from tests.process.conftest import ForkedWorkerPool, call_rows, events, run_row, wait_status
+from tests.process.conftest import (
+    ForkedWorkerPool,
+    call_rows,
+    events,
+    forked_like,
+    run_row,
+    wait_status,
+)
 from tests.process.demo_provider_flows import LANES, OWNER, REPO, spec
 from tests.providers.fake_email import FakeImap, FakeSmtp
 from tests.providers.fake_github import FakeGitHub
@@ -77,36 +84,21 @@ def fakes() -> Iterator[tuple[Fakes, dict[str, str]]]:
         stripe.close()
 
 
-class _Pool(ForkedWorkerPool):
-    """Forked workers whose fork server imported runledger and the three SDKs."""
-
-    def _spawn(self, i: int) -> Any:
-        saved = list(process.FORK_PRELOAD)
-        process.FORK_PRELOAD[:] = [
-            "runledger.cli",
-            "runledger.worker.process",
-            "runledger.providers.github",
-            "runledger.providers.stripe",
-            "runledger.providers.email",
-            "githubkit_schemas.v2026_03_10.rest.issues",
-        ]
-        try:
-            return super()._spawn(i)
-        finally:
-            process.FORK_PRELOAD[:] = saved
+PRELOAD = [
+    "runledger.cli",
+    "runledger.worker.process",
+    "runledger.providers.github",
+    "runledger.providers.stripe",
+    "runledger.providers.email",
+    "githubkit_schemas.v2026_03_10.rest.issues",
+]
 
 
 @pytest.fixture
 def pool(
     runledger_workers: WorkerPool, fakes: tuple[Fakes, dict[str, str]]
 ) -> Iterator[ForkedWorkerPool]:
-    p = _Pool(
-        runledger_workers.database_url,
-        [],
-        env={**runledger_workers.env, **fakes[1]},
-        args=runledger_workers.args,
-        cwd=runledger_workers.cwd,
-    )
+    p = forked_like(runledger_workers, fakes[1], PRELOAD)
     try:
         yield p
     finally:

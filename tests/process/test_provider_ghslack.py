@@ -24,7 +24,7 @@ import pytest
 from runledger.testing import WorkerPool
 from tests.crash_windows import ROWS
 from tests.process import conftest as process
-from tests.process.conftest import ForkedWorkerPool, call_rows, run_row, wait_status
+from tests.process.conftest import ForkedWorkerPool, call_rows, forked_like, run_row, wait_status
 from tests.process.provider_ghslack_flows import CHANNEL, LANES, OWNER, REPO, spec
 from tests.providers.fake_github import FakeGitHub
 from tests.providers.fake_slack import FakeSlack
@@ -52,22 +52,13 @@ def fakes() -> Iterator[tuple[FakeGitHub, FakeSlack]]:
         sl.close()
 
 
-class _Pool(ForkedWorkerPool):
-    """Forked workers whose fork server imported runledger and both SDKs."""
-
-    def _spawn(self, i: int) -> Any:
-        saved = list(process.FORK_PRELOAD)
-        process.FORK_PRELOAD[:] = [
-            "runledger.cli",
-            "runledger.worker.process",
-            "runledger.providers.github",
-            "runledger.providers.slack",
-            "githubkit_schemas.v2026_03_10.rest.issues",
-        ]
-        try:
-            return super()._spawn(i)
-        finally:
-            process.FORK_PRELOAD[:] = saved
+PRELOAD = [
+    "runledger.cli",
+    "runledger.worker.process",
+    "runledger.providers.github",
+    "runledger.providers.slack",
+    "githubkit_schemas.v2026_03_10.rest.issues",
+]
 
 
 @pytest.fixture
@@ -75,17 +66,8 @@ def pool(
     runledger_workers: WorkerPool, fakes: tuple[FakeGitHub, FakeSlack]
 ) -> Iterator[ForkedWorkerPool]:
     gh, sl = fakes
-    env = {
-        **runledger_workers.env,
-        "GHSLACK_GITHUB_URL": gh.url,
-        "GHSLACK_SLACK_URL": sl.api_url,
-    }
-    p = _Pool(
-        runledger_workers.database_url,
-        [],
-        env=env,
-        args=runledger_workers.args,
-        cwd=runledger_workers.cwd,
+    p = forked_like(
+        runledger_workers, {"GHSLACK_GITHUB_URL": gh.url, "GHSLACK_SLACK_URL": sl.api_url}, PRELOAD
     )
     try:
         yield p
