@@ -186,3 +186,17 @@ def test_bad_configuration_is_one_clear_error() -> None:
     with pytest.raises(ValueError, match="retention window must be positive"):
         http.Retention(dt.timedelta(0))
     assert flow.tools == {}
+
+
+async def test_a_key_used_with_another_body_is_looked_up_not_sent_again(
+    db: Db, start_worker: StartWorker, api: OrdersApi
+) -> None:
+    """The API already has an order under the key with another body (422 for the send):
+    the key took effect, so the lookup's order is the call's outcome, and nothing else is
+    created."""
+    key = "h-422:0:c0"
+    api._create(key, {"sku": "B-2", "qty": 9})
+    call = await _run(db, start_worker, _flow(api), "h-422")
+    assert call["status"] == "succeeded"
+    assert call["result"]["body"] == {"sku": "B-2", "qty": 9}
+    assert api.effects(key) == 1 and api.posts(key) == 1
