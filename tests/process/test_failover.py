@@ -110,10 +110,17 @@ def _old_lease(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 
 
 def scenario(
-    pair: Pair, provider: ProviderProcess, *, with_doctor: bool = True, multi_migrate: bool = True
+    pair: Pair,
+    provider: ProviderProcess,
+    *,
+    with_doctor: bool = True,
+    multi_migrate: bool = True,
+    flow: str = "scripted",
+    flows: str = "runledger.demo.flows:flows",
 ) -> dict[str, Any]:
     """Play the failover; the counts, and what the test checks besides. (The options let
-    the same scenario run on code without ``runledger doctor`` or multi-host migrations.)"""
+    the same scenario run on code without ``runledger doctor`` or multi-host migrations,
+    and with another flow of the same tools.)"""
     with pair.primary.connect() as admin:
         admin.execute("CREATE DATABASE failover")
     primary_url = pair.primary.url("failover")
@@ -127,13 +134,13 @@ def scenario(
     with psycopg.connect(primary_url, autocommit=True) as conn:
         for n in range(RUNS):
             conn.execute(
-                "SELECT * FROM runledger.submit_run(%s, 'scripted', '1', %s)",
-                (f"fo-{n:02d}", Jsonb({"plan": PLAN})),
+                "SELECT * FROM runledger.submit_run(%s, %s, '1', %s)",
+                (f"fo-{n:02d}", flow, Jsonb({"plan": PLAN})),
             )
     provider.client.configure(latency=0.02)
     pool = WorkerPool(
         url,
-        ["runledger.demo.flows:flows"],
+        [flows],
         env={
             "RUNLEDGER_PROVIDER_URL": provider.url,
             "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path]),
@@ -267,3 +274,37 @@ def test_async_failover_loses_commits_but_no_token_or_effect_twice(
     assert failover["last_replay_at"] is not None
     broken = [name for name, c in audit.items() if not c["ok"] and name != "failover"]
     assert broken == []
+
+
+@pytest.mark.timeout(240)
+def test_after_a_lossy_failover_tools_with_lookups_need_no_person(
+    provider: ProviderProcess,
+) -> None:
+    """The same failover, the email a ``lookup`` tool (tests/process/failover_flows.py):
+    every unfinished run is still doubted (the failover may have lost any write), and
+    every doubted call is settled by asking the provider. No run pauses, no effect twice."""
+    pair = start_pair()
+    try:
+        out = scenario(
+            pair,
+            provider,
+            with_doctor=False,
+            flow="scripted-lookups",
+            flows="tests.process.failover_flows:flow",
+        )
+    finally:
+        pair.stop()
+    print(
+        f"lost events {out['lost_events']}, effects sent twice {out['effects_sent_twice']}, "
+        f"statuses {out['statuses']}, unknown calls {out['unknown']}"
+    )
+    assert out["lost_events"] >= LOST_EVENTS // 2
+    assert out["workers_alive"] == [True, True], out["worker_logs"]
+    audit = {c["check"]: c for c in json.loads(out["audit"].stdout)}
+    (failover,) = audit["failover"]["violations"]
+    assert failover["affected_runs"] > 0  # the runs were doubted, as before
+    assert out["tokens_granted_twice"] == 0
+    assert out["effects_sent_twice"] == 0, {k: n for k, n in out["effects"].items() if n > 1}
+    assert out["unknown"] == [] and out["statuses"] == {"succeeded": RUNS}
+    for key, tool, status in out["calls"]:
+        assert status == "succeeded" and out["effects"][key] == 1, (key, tool, status)
