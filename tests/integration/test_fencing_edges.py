@@ -26,14 +26,19 @@ def _charging_flow(
     seconds: float,
     timeout: float | None = None,
     sync: bool = True,
+    started: threading.Event | None = None,
 ) -> Flow:
+    """``charge`` takes ``seconds``, then charges (``ledger``); ``started`` is set as
+    the tool begins (a plain ``def``: in its thread)."""
     flow = Flow(name, "1")
     lock = threading.Lock()
+    began = started or threading.Event()
 
     if sync:
 
         @flow.tool(safety="lookup", timeout=timeout)
         def charge(ctx: Any) -> dict[str, Any]:
+            began.set()
             time.sleep(seconds)
             with lock:
                 ledger.append((ctx.idempotency_key, ctx.fencing_token))
@@ -43,6 +48,7 @@ def _charging_flow(
 
         @flow.tool(safety="lookup", timeout=timeout)
         async def charge(ctx: Any) -> dict[str, Any]:
+            began.set()
             await asyncio.sleep(seconds)
             ledger.append((ctx.idempotency_key, ctx.fencing_token))
             return {"ok": True}
@@ -110,11 +116,13 @@ async def test_a_drain_past_grace_keeps_the_lease_while_a_tool_thread_runs(
     db: Db, start_worker: StartWorker
 ) -> None:
     ledger: list[tuple[str, int]] = []
-    flow = _charging_flow("drainpay", ledger, seconds=2.0)
+    started = threading.Event()
+    flow = _charging_flow("drainpay", ledger, seconds=2.0, started=started)
     w1 = await start_worker(flow, worker_id="w1", grace_seconds=0.3, lease_seconds=10.0)
     await db.submit("drain-1", flow)
-    await eventually(lambda: "drain-1" in w1.worker.active, what="w1 holds the run")
-    await asyncio.sleep(0.3)  # the tool is now inside its 2 s thread
+    # the drain must come while the tool runs in its 2 s thread (a drain before the
+    # send hands the run back, rightly): wait for the thread, not for a guess of time
+    await eventually(started.is_set, what="w1's tool thread running")
     await start_worker(flow, worker_id="w2", lease_seconds=10.0)
     await w1.stop()
 
