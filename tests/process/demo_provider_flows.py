@@ -42,7 +42,7 @@ def _lane(i: int) -> Flow:
         base_addresses={"api": os.environ.get("DEMO_STRIPE_URL", UNSET)},
         http_client=stripe.RequestsClient(timeout=TIMEOUT),
     )
-    stripe_tools.payment_intents(flow, client, name="charge")
+    stripe_tools.payment_intents(flow, client, name="charge", landing=3.0)
     smtp_emails(
         flow,
         name="send_email",

@@ -21,6 +21,7 @@ from runledger.providers import stripe as stripe_tools
 
 URL_ENV = "STRIPE_FAKE_URL"
 API_KEY = "sk_test_fake"
+LANDING = 2.0
 
 
 def client() -> Any:
@@ -34,9 +35,10 @@ def client() -> Any:
 def build(name: str) -> Flow:
     flow = Flow(name, "1")
     c = client()
-    stripe_tools.payment_intents(flow, c)
-    stripe_tools.customers(flow, c)
-    stripe_tools.refunds(flow, c)
+    # the fake acts on a request as it arrives: a small landing bound
+    stripe_tools.payment_intents(flow, c, landing=LANDING)
+    stripe_tools.customers(flow, c, landing=LANDING)
+    stripe_tools.refunds(flow, c, landing=LANDING)
 
     @flow.policy
     def decide(ctx: PolicyContext, history: list[Any]) -> Decision | list[ToolCall]:

@@ -71,12 +71,20 @@ def ctx_of(
     )
 
 
-def tools(fake: FakeStripe, timeout: float = 30.0, name: str = "stripe-tools", **opts: Any) -> Flow:
+def tools(
+    fake: FakeStripe,
+    timeout: float = 30.0,
+    name: str = "stripe-tools",
+    landing: float = 0.0,
+    **opts: Any,
+) -> Flow:
+    """The three tools on the fake; ``landing`` 0 unless a test says otherwise: a lookup
+    then answers at once (the fake acts on a request as it arrives, or when released)."""
     flow = Flow(name, "1")
     c = client_of(fake, timeout)
-    stripe_tools.payment_intents(flow, c, **opts)
-    stripe_tools.customers(flow, c)
-    stripe_tools.refunds(flow, c)
+    stripe_tools.payment_intents(flow, c, landing=landing, **opts)
+    stripe_tools.customers(flow, c, landing=landing)
+    stripe_tools.refunds(flow, c, landing=landing)
     return flow
 
 
@@ -95,6 +103,7 @@ def lookup(flow: Flow, tool: str, ctx: ToolContext) -> dict[str, Any] | None:
 
 
 PAY = {"amount": 1200, "currency": "usd"}
+PI_TOOL = "create_payment_intent"
 
 
 # -- the tools and lookups on their own ----------------------------------------------------
@@ -322,6 +331,27 @@ def test_a_request_that_lands_after_the_client_gave_up_makes_one_payment(
     [pi] = fake.effects("k-late")
     assert receipt["id"] == pi["id"]
     assert fake.requests("k-late")[-1]["status"] == 200
+
+
+def test_no_lookup_says_not_found_while_a_send_may_still_land(fake: FakeStripe) -> None:
+    """The same late request, looked up with a landing bound: the lookup waits until the
+    send can no longer land, and finds the payment the held request made meanwhile,
+    where one without the wait said "not found" (above)."""
+    flow = tools(fake, timeout=1.0, landing=4.0)
+    held = fake.hold(PI, apply="after")
+    with pytest.raises(StripeOutcomeUnknown):
+        send(flow, "create_payment_intent", ctx_of("k-land"), **PAY)
+    ctx = ctx_of("k-land", age=dt.timedelta(seconds=1))
+    found: list[Any] = []
+    asking = threading.Thread(target=lambda: found.append(lookup(flow, PI_TOOL, ctx)))
+    asking.start()
+    wait_for(lambda: fake.requests(None, status=200), timeout=20, what="the lookup's first read")
+    held.release()  # the request lands while the lookup waits
+    asking.join(30)
+    [receipt] = found
+    [pi] = fake.effects("k-land")
+    assert receipt is not None and receipt["id"] == pi["id"]
+    assert any("waited_for_landing_s" in fact for fact in ctx.observed)
 
 
 def test_refusals_are_not_applied(fake: FakeStripe) -> None:

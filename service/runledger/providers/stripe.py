@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runledger.flows import Flow, NotApplied, Receipt, Tool, ToolContext
-from runledger.providers.base import KEY_FIELD, Retention, retry_after
+from runledger.providers.base import KEY_FIELD, Retention, landing_wait, retry_after, wait_landing
 
 try:
     import stripe
@@ -92,6 +92,10 @@ RETENTION = Retention(dt.timedelta(hours=24), name="Stripe")
 # Occasionally, propagation of new or updated data can be up to an hour behind during
 # outages." (docs.stripe.com/api/payment_intents/search)
 SEARCH_LAG = dt.timedelta(hours=1)
+# how long after a send a request the client gave up on may still reach Stripe and run:
+# before then "not found" is no answer (the worker takes it for certain: after the last
+# attempt the call fails, and a policy that tries again with a new call pays twice)
+LANDING = 60.0
 
 # Stripe's clock (an object's ``created``) against the database's (``ctx.first_sent_at``)
 CLOCK_SKEW = dt.timedelta(minutes=5)
@@ -149,6 +153,7 @@ class _Settings:
     search_lag: dt.timedelta
     max_waits: int
     in_progress_wait: float
+    landing: float
 
 
 def _settings(
@@ -161,6 +166,7 @@ def _settings(
     search_lag: dt.timedelta,
     max_waits: int,
     in_progress_wait: float,
+    landing: float,
 ) -> _Settings:
     if not isinstance(flow, Flow):
         raise StripeConfigError(f"the Stripe tools register on a runledger.Flow, got {flow!r}")
@@ -171,6 +177,8 @@ def _settings(
         )
     if search_lag < dt.timedelta(0) or max_waits < 0 or not in_progress_wait >= 0:
         raise StripeConfigError("search_lag, max_waits and in_progress_wait must not be negative")
+    if not landing >= 0:
+        raise StripeConfigError(f"landing must be 0 or more seconds, got {landing!r}")
     return _Settings(
         kind=kind,
         service=getattr(client.v1, kind.service),
@@ -179,6 +187,7 @@ def _settings(
         search_lag=search_lag,
         max_waits=max_waits,
         in_progress_wait=in_progress_wait,
+        landing=landing,
     )
 
 
@@ -205,6 +214,7 @@ def payment_intents(
     search_lag: dt.timedelta = SEARCH_LAG,
     max_waits: int = 3,
     in_progress_wait: float = 60.0,
+    landing: float = LANDING,
 ) -> Tool[Any]:
     """Register the tool ``name`` that creates a PaymentIntent (``POST /v1/payment_intents``)
     with its lookup (Search, then the list of the last ``search_lag``); returns it.
@@ -212,7 +222,8 @@ def payment_intents(
     ``search=False``: the lookup lists only (where Search is unavailable, e.g. India).
     ``max_waits``: how often one send waits ``Retry-After`` and sends again after a 429;
     ``in_progress_wait``: how long (seconds, within the lease) it keeps sending again
-    while Stripe answers 409 ``idempotency_key_in_use``."""
+    while Stripe answers 409 ``idempotency_key_in_use``; ``landing``: how long after a
+    send the lookup waits before it answers "not found" (that send may still run)."""
     s = _settings(
         flow,
         client,
@@ -222,6 +233,7 @@ def payment_intents(
         search_lag=search_lag,
         max_waits=max_waits,
         in_progress_wait=in_progress_wait,
+        landing=landing,
     )
 
     def create_payment_intent(
@@ -263,6 +275,7 @@ def refunds(
     retention: Retention = RETENTION,
     max_waits: int = 3,
     in_progress_wait: float = 60.0,
+    landing: float = LANDING,
 ) -> Tool[Any]:
     """Register the tool ``name`` that refunds a PaymentIntent or a charge
     (``POST /v1/refunds``) with its lookup (``GET /v1/refunds?created[gte]=``, from the
@@ -276,6 +289,7 @@ def refunds(
         search_lag=SEARCH_LAG,
         max_waits=max_waits,
         in_progress_wait=in_progress_wait,
+        landing=landing,
     )
 
     def create_refund(
@@ -314,6 +328,7 @@ def customers(
     search_lag: dt.timedelta = SEARCH_LAG,
     max_waits: int = 3,
     in_progress_wait: float = 60.0,
+    landing: float = LANDING,
 ) -> Tool[Any]:
     """Register the tool ``name`` that creates a Customer (``POST /v1/customers``) with its
     lookup (Search, then the list of the last ``search_lag``); returns it."""
@@ -326,6 +341,7 @@ def customers(
         search_lag=search_lag,
         max_waits=max_waits,
         in_progress_wait=in_progress_wait,
+        landing=landing,
     )
 
     def create_customer(
@@ -582,6 +598,10 @@ def _lookup(ctx: ToolContext, s: _Settings) -> dict[str, Any] | None:
             f"nothing found for key {key} yet, but Stripe was still executing a request "
             "with it (409 idempotency_key_in_use): asking again later"
         )
+    if landing_wait(ctx, s.landing) > 0:
+        # the last send may still reach Stripe and run: asked again once it cannot
+        wait_landing(ctx, s.landing)
+        return _lookup(ctx, s)
     s.retention.not_found(ctx, asked=asked, saw="nothing")  # Unknowable past the window
     return None
 
