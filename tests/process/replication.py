@@ -178,6 +178,24 @@ class Pair(Cluster):
             row = conn.execute("SELECT status FROM pg_stat_wal_receiver").fetchone()
         return row is not None and row[0] == "streaming"
 
+    def replayed(self, timeout: float = 30.0) -> None:
+        """Wait until the standby has replayed all the primary has written so far (asked
+        of their ``postgres`` databases, which exist before a CREATE DATABASE is
+        replayed)."""
+        with self.primary.connect() as conn:
+            row = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
+        assert row is not None
+        lsn = row[0]
+
+        def caught_up() -> bool:
+            with self.standby.connect() as conn:
+                got = conn.execute(
+                    "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)
+                ).fetchone()
+            return bool(got and got[0])
+
+        wait_for(caught_up, timeout=timeout, what=f"the standby to replay up to {lsn}")
+
     def hold_back(self) -> None:
         """From now on the standby receives nothing: its primary_conninfo names a closed
         port (the walreceiver restarts with it on reload) and waits until no walreceiver

@@ -127,6 +127,9 @@ def scenario(
     hosts = f"127.0.0.1:{pair.primary.port},127.0.0.1:{pair.standby.port}"
     url = f"postgresql://postgres@{hosts}/failover?target_session_attrs=read-write"
     migrate.upgrade(url if multi_migrate else primary_url)  # multi-host, as the workers get it
+    # the standby has the database and the schema (read on it below): under load its
+    # replay of the CREATE DATABASE can come after the first connection to it
+    pair.replayed()
     out: dict[str, Any] = {}
     if with_doctor:
         out["doctor"] = _cli(url, "doctor", "--json")
