@@ -396,7 +396,7 @@ class Calls:
                 (None, None),
             )
         self.crash.hit("after_effect", tool.name)
-        trail.add("send", started, ctx.observed, attempt=attempt, ended="returned")
+        # no step: a call whose tool returned is journaled as succeeded, never unknown
         return attempt, evolve(sent, window=Window.RETURNED), unpack(value)
 
     async def _lookup(

@@ -1,11 +1,13 @@
 """What one holder learns about a call while it settles it, kept for the person who
 decides the call if it becomes ``unknown``.
 
-Each send and each lookup is a step: when it started (UTC), how long it took, how it
-ended, and what the tool or the lookup observed (``ToolContext.observe``: what was asked,
-what the provider answered, its request id). An earlier sender that was waited for is a
-step too. The steps go into the call's ``error`` under ``evidence`` when it is marked
-``unknown``; nothing is written otherwise.
+Each send that did not return and each lookup that found nothing is a step (a call
+whose tool returned, or whose lookup found it, is never unknown): when it started (UTC),
+how long it took, how it ended, and what the tool or the lookup observed
+(``ToolContext.observe``: what was asked, what the provider answered, its request id).
+An earlier sender that was waited for is a step too. The steps go into the call's
+``error`` under ``evidence`` when it is marked ``unknown``; nothing is written
+otherwise.
 """
 
 from __future__ import annotations
