@@ -9,12 +9,12 @@ the customer: turn *n* makes the calls of ``input["plan"][n]``. One flow per lan
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import stripe
 from githubkit import GitHub
 
-from runledger.flows import Flow, HistoryTurn, PolicyContext, ToolCall
+from runledger.demo.flows import scripted_policy
+from runledger.flows import Flow
 from runledger.providers import github as github_tools
 from runledger.providers import stripe as stripe_tools
 from runledger.providers.email import ImapMailbox, SmtpServer, smtp_emails
@@ -58,12 +58,7 @@ def _lane(i: int) -> Flow:
         timeout=TIMEOUT,
     )
 
-    @flow.policy
-    def replay(ctx: PolicyContext, history: list[HistoryTurn]) -> list[ToolCall]:
-        plan: list[list[dict[str, Any]]] = ctx.input["plan"]
-        if ctx.turn >= len(plan):
-            return []
-        return [ToolCall(c["tool"], c["args"]) for c in plan[ctx.turn]]
+    flow.policy(scripted_policy)  # the scripted demo flow's: turn n makes plan[n]'s calls
 
     return flow
 

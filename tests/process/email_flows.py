@@ -7,9 +7,9 @@ does: turn *n* makes the calls of ``plan[n]`` (``{"tool", "args"}``)."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from runledger.flows import Flow, PolicyContext, ToolCall
+from runledger.demo.flows import scripted_policy
+from runledger.flows import Flow
 from runledger.providers.email import ImapMailbox, SmtpServer, resend_emails, smtp_emails
 
 TIMEOUT = 2.0
@@ -41,9 +41,4 @@ resend_emails(
 )
 
 
-@flow.policy
-def replay(ctx: PolicyContext, history: list[Any]) -> list[ToolCall]:
-    plan = ctx.input.get("plan", [])
-    if ctx.turn >= len(plan):
-        return []
-    return [ToolCall(c["tool"], c.get("args", {})) for c in plan[ctx.turn]]
+flow.policy(scripted_policy)  # the scripted demo flow's: turn n makes plan[n]'s calls

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from typing import Any
 
-from runledger.flows import Flow, PolicyContext, ToolCall
+from runledger.demo.flows import scripted_policy
+from runledger.flows import Flow
 from runledger.providers import http
 
 URL = os.environ.get("ORDERS_URL", "http://127.0.0.1:9")
@@ -27,9 +27,4 @@ http.tool(
 )
 
 
-@flow.policy
-def replay(ctx: PolicyContext, history: list[Any]) -> list[ToolCall]:
-    plan = ctx.input.get("plan", [])
-    if ctx.turn >= len(plan):
-        return []
-    return [ToolCall(c["tool"], c.get("args", {})) for c in plan[ctx.turn]]
+flow.policy(scripted_policy)  # the scripted demo flow's: turn n makes plan[n]'s calls

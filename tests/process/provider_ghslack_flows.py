@@ -12,7 +12,8 @@ from typing import Any
 from githubkit import GitHub
 from slack_sdk import WebClient
 
-from runledger.flows import Flow, HistoryTurn, PolicyContext, ToolCall
+from runledger.demo.flows import scripted_policy
+from runledger.flows import Flow
 from runledger.providers import github as github_tools
 from runledger.providers import slack as slack_tools
 
@@ -40,12 +41,7 @@ def _lane(i: int) -> Flow:
     )
     slack_tools.post_message(flow, slack, channel=CHANNEL, processing_bound=1.0)
 
-    @flow.policy
-    def replay(ctx: PolicyContext, history: list[HistoryTurn]) -> list[ToolCall]:
-        plan = ctx.input.get("plan", [])
-        if ctx.turn >= len(plan):
-            return []
-        return [ToolCall(c["tool"], c.get("args", {})) for c in plan[ctx.turn]]
+    flow.policy(scripted_policy)  # the scripted demo flow's: turn n makes plan[n]'s calls
 
     return flow
 
