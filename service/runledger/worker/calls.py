@@ -181,14 +181,12 @@ class Calls:
             )
         attempt = call.attempts  # the attempt number the tool and its lookup see
         in_hand: tuple[Any, dict[str, Any] | None] = (None, None)  # result, receipt
-        # the key's send times and this holder's steps: evidence if the call ends unknown
-        trail = Trail(sent=call.dispatched_at)
-        if dispatched is None and call.attempts > 0:
-            # sent before this holder took it: its lookup judges the key's age from the
-            # first send, which the journal keeps (a read of the run's events)
-            trail.first_sent = await self.writes.store.first_dispatch(
-                active.run_id, call.idempotency_key
-            )
+        # the key's send times and this holder's steps: evidence if the call ends unknown.
+        # A key sent before this holder took it has its first send in the journal, read
+        # only if the call is sent or looked up (_know_first_send)
+        trail = Trail(
+            sent=call.dispatched_at, first_known=dispatched is not None or not call.attempts
+        )
         sends = Backoff(self.limits)
         asks = Backoff(self.limits)
         # how this holder's own send of the call ended, while that is not journaled yet:
@@ -241,6 +239,7 @@ class Calls:
                     case recovery.Probe():
                         # dispatched, not sent: recovered as a call found in flight
                         check_boundary(active)
+                        await self._know_first_send(active, call, trail)
                         log.info(
                             "call may have been sent before a failover: recovering it",
                             extra={"run_id": active.run_id, "key": call.idempotency_key},
@@ -326,6 +325,7 @@ class Calls:
         c = active.claim
         if dispatched is None:
             check_boundary(active)
+            await self._know_first_send(active, call, trail)
             self.crash.hit("before_dispatch", tool.name)
             # attempts only grow while we hold the lease: the count before this send
             attempt = await self.writes.dispatch(
@@ -410,6 +410,7 @@ class Calls:
     ) -> tuple[Known, tuple[Any, dict[str, Any] | None]]:
         """Ask the provider whether the key took effect; its answer is the receipt."""
         assert tool.lookup_fn is not None
+        await self._know_first_send(active, call, trail)
         ctx = self._tool_ctx(active, call, attempt, trail)
         timeout = tool.timeout or self.limits.tool_timeout
         started = time.monotonic()
@@ -441,6 +442,17 @@ class Calls:
         if not isinstance(receipt, dict):
             receipt = {"value": receipt}
         return evolve(known, looked_up=LookedUp.FOUND), (receipt, receipt)
+
+    async def _know_first_send(self, active: ActiveRun, call: Call, trail: Trail) -> None:
+        """Before this holder's first send or lookup of a call an earlier holder sent: the
+        key's first send, which the journal keeps (one read of the run's events; the
+        age a provider's lookup judges its retention by)."""
+        if trail.first_known:
+            return
+        trail.first_sent = await self.writes.store.first_dispatch(
+            active.run_id, call.idempotency_key
+        )
+        trail.first_known = True
 
     def _tool_ctx(self, active: ActiveRun, call: Call, attempt: int, trail: Trail) -> ToolContext:
         c = active.claim

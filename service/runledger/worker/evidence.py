@@ -45,6 +45,9 @@ class Trail:
 
     first_sent: dt.datetime | None = None  # the key's first dispatch, by anyone
     sent: dt.datetime | None = None  # the current attempt's dispatch
+    # whether first_sent is known: the key was never sent before this holder, or the
+    # journal was read for it
+    first_known: bool = False
     steps: list[dict[str, Any]] = field(default_factory=list)
 
     def dispatched(self) -> None:
@@ -52,6 +55,7 @@ class Trail:
         now = _utcnow()
         if self.first_sent is None:
             self.first_sent = now
+        self.first_known = True
         self.sent = now
 
     def add(
