@@ -530,3 +530,60 @@ BEGIN
     END IF;
 END
 $$;
+
+
+-- ---------------------------------------------------------------------------------
+-- One clock: each worker says how far its host's clock is from the database's
+-- (workers.clock_offset, written by heartbeat_worker's p_clock_offset), for doctor and
+-- `runledger workers` to show and warn about.
+
+ALTER TABLE runledger.workers ADD COLUMN clock_offset interval;
+
+DROP FUNCTION runledger.heartbeat_worker(text, boolean, uuid);
+-- An unknown worker id is a no-op: the worker may have been registered in another
+-- database, or its row removed by hand. With p_incarnation, only the
+-- process that holds the registration heartbeats (or says it stopped); another one (the
+-- id was taken over while it was silent, or after its process was found gone) is
+-- refused with RL008, and stops. p_clock_offset: how far the worker's host clock is ahead
+-- of the database's (negative: behind), as the worker measured it (workers.clock_offset;
+-- NULL leaves the last one).
+CREATE FUNCTION runledger.heartbeat_worker(p_worker_id text, p_stopped boolean DEFAULT false,
+                                           p_incarnation uuid DEFAULT NULL,
+                                           p_clock_offset interval DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := runledger.now();
+    w runledger.workers;
+BEGIN
+    PERFORM runledger._check_worker_id(p_worker_id);
+    UPDATE runledger.workers
+    SET heartbeat_at = v_now,
+        stopped_at = CASE WHEN p_stopped THEN v_now ELSE stopped_at END,
+        clock_offset = coalesce(p_clock_offset, clock_offset)
+    WHERE worker_id = p_worker_id
+      AND (p_incarnation IS NULL OR incarnation IS NOT DISTINCT FROM p_incarnation);
+    IF NOT FOUND AND p_incarnation IS NOT NULL THEN
+        SELECT * INTO w FROM runledger.workers x WHERE x.worker_id = p_worker_id;
+        IF FOUND THEN
+            PERFORM runledger._raise('RL008',
+                format('worker id %s was taken over by another worker', p_worker_id),
+                format('registered by host %s pid %s since %s',
+                       coalesce(nullif(w.hostname, ''), '?'), w.pid, w.started_at),
+                'this worker stops; start it with another --worker-id to run both');
+        END IF;
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION runledger.heartbeat_worker(text, boolean, uuid, interval) FROM PUBLIC;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_worker') THEN
+        GRANT EXECUTE ON FUNCTION runledger.heartbeat_worker(text, boolean, uuid, interval)
+            TO runledger_worker;
+    END IF;
+END
+$$;

@@ -12,7 +12,8 @@ Read-only: nothing is written.
 The checks: the connection; the server (version, primary or standby); the schema
 revision against this code's head; replication (synchronous or not); the timelines seen;
 the roles the schema grants to; the default transaction isolation (READ COMMITTED); this
-host's clock against the database's (warn past :data:`MAX_CLOCK_SKEW`); the settings it
+host's clock against the database's, and each live worker's as that worker measured it
+(warn past :data:`MAX_CLOCK_SKEW`); the settings it
 ran with and the ``RUNLEDGER_*`` environment, the URL's password and any variable named
 like a secret redacted.
 """
@@ -277,6 +278,52 @@ def clock(conn: psycopg.Connection[diagnosis.Row]) -> Result:
     return Result("clock", OK, said, data)
 
 
+def worker_clocks(conn: psycopg.Connection[diagnosis.Row]) -> Result:
+    """Each live worker's host clock against the database's, as the worker measured it
+    (``workers.clock_offset``, said with every heartbeat). A worker judges every time by
+    the database's clock, whatever its host's says; a host far off still misleads the
+    people reading its logs."""
+    try:
+        rows = diagnosis.worker_clocks(conn)
+    except psycopg.Error as exc:
+        reason = " ".join(str(exc).split())
+        return Result("worker clocks", WARN, f"cannot read the workers' clocks: {reason}", {})
+    data = {
+        "workers": [
+            {
+                "worker_id": r["worker_id"],
+                "hostname": r["hostname"],
+                "pid": r["pid"],
+                "clock_offset_seconds": round(r["clock_offset_seconds"], 4),
+            }
+            for r in rows
+        ]
+    }
+    off = [r for r in rows if abs(r["clock_offset_seconds"]) > MAX_CLOCK_SKEW]
+    if off:
+        said = "; ".join(
+            f"{r['worker_id']} on {r['hostname'] or '?'}: {offset_words(r['clock_offset_seconds'])}"
+            for r in off
+        )
+        return Result(
+            "worker clocks",
+            WARN,
+            f"{len(off)} of {len(rows)} live workers' hosts are more than {MAX_CLOCK_SKEW:g} s "
+            f"off the database's clock ({said}): check NTP on them",
+            data,
+        )
+    if not rows:
+        return Result("worker clocks", OK, "no live worker has said its clock yet", data)
+    worst = max(abs(r["clock_offset_seconds"]) for r in rows)
+    return Result("worker clocks", OK, f"{len(rows)} live workers, at most {worst:.3f} s off", data)
+
+
+def offset_words(seconds: float) -> str:
+    """``+300.000 s`` as "300.000 s ahead of the database's clock"."""
+    side = "ahead of" if seconds >= 0 else "behind"
+    return f"host clock {abs(seconds):.3f} s {side} the database's"
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password replaced (then in libpq's ``key=value`` form); one that
     cannot be parsed is not shown at all."""
@@ -335,5 +382,7 @@ def run_doctor(database_url: str, *, connect_timeout: float) -> list[Result]:
         results.append(roles(conn))
         results.append(isolation(conn))
         results.append(clock(conn))
+        if all(r.ok for r in results if r.check == "schema"):
+            results.append(worker_clocks(conn))
     results.append(settings(database_url, connect_timeout))
     return results

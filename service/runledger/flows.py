@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from runledger.clock import wall_now
 from runledger.model import CALL_ID_RE, FLOW_NAME_RE, FLOW_VERSION_RE, Safety, flow_ref
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -106,20 +107,39 @@ class ToolContext:
     fencing_token: int
     attempt: int
     lease_deadline: Callable[[], float] = field(repr=False)
-    # when this key was first sent, and when its current attempt was (UTC; the database's
-    # clock for a dispatch another holder made): a provider's lookup judges the key's age
-    # by the first (its idempotency records expire), and whether a request may still be on
-    # its way by the second. None: not sent before (the tool, on its first attempt).
+    # when this key was first sent, and when its current attempt was, by the database's
+    # clock: a provider's lookup judges the key's age by the first (its idempotency records
+    # expire), and whether a request may still be on its way by the second; compare them
+    # with now(), never with this host's clock. None: not sent before (the tool, on its
+    # first attempt).
     first_sent_at: dt.datetime | None = None
     sent_at: dt.datetime | None = None
     # what the tool or its lookup observed (ToolContext.observe)
     observed: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
+    # the database's clock as the worker measures it (runledger.clock.DatabaseClock.now);
+    # a context built by hand, without a worker, has this host's clock
+    clock: Callable[[], dt.datetime] = field(default=wall_now, repr=False, compare=False)
 
     def observe(self, **facts: Any) -> None:
         """Keep facts about this send or lookup: what was asked, what the provider
         answered, its request id. They are journaled with the call if it becomes
         ``unknown``, for the person who decides it (``runledger unknown``, ``show``)."""
         self.observed.append(facts)
+
+    def now(self) -> dt.datetime:
+        """The database's clock now (UTC): what :attr:`sent_at` and :attr:`first_sent_at`
+        are compared with. A worker measures it on its round trips to the database, so a
+        host whose own clock is wrong still judges ages right."""
+        return self.clock()
+
+    def since_sent(self) -> dt.timedelta | None:
+        """How long ago the current attempt was sent, by the database's clock (None: not
+        sent before)."""
+        return None if self.sent_at is None else self.clock() - self.sent_at
+
+    def since_first_sent(self) -> dt.timedelta | None:
+        """How long ago the key was first sent, by the database's clock (None: never)."""
+        return None if self.first_sent_at is None else self.clock() - self.first_sent_at
 
     @property
     def deadline(self) -> float:

@@ -34,6 +34,7 @@ def test_a_primary_at_head_without_standbys_is_healthy(database_url: str) -> Non
         "roles",
         "isolation",
         "clock",
+        "worker clocks",
         "settings",
     ]
     assert all(r.ok for r in results.values()), results
@@ -52,7 +53,7 @@ def test_a_primary_at_head_without_standbys_is_healthy(database_url: str) -> Non
     assert "no failover recorded" in results["timeline"].detail
     result = CliRunner().invoke(main, ["doctor", "--database-url", database_url, "--json"])
     assert result.exit_code == 0, result.output
-    assert [r["status"] for r in json.loads(result.output)] == ["ok"] * 9
+    assert [r["status"] for r in json.loads(result.output)] == ["ok"] * 10
 
 
 def test_a_schema_behind_the_code_fails(

@@ -303,9 +303,14 @@ CONTRACT: list[Fn] = [
     ),
     Fn(  # with p_incarnation, only the process holding the id
         "heartbeat_worker",
-        [("p_worker_id", "text"), ("p_stopped", "boolean"), ("p_incarnation", "uuid")],
+        [
+            ("p_worker_id", "text"),
+            ("p_stopped", "boolean"),
+            ("p_incarnation", "uuid"),
+            ("p_clock_offset", "interval"),
+        ],
         "void",
-        defaults=2,
+        defaults=3,
     ),
     Fn(  # the listener's heartbeat
         "heartbeat_listener",

@@ -36,7 +36,8 @@ def doctor(database_url: str | None, connect_timeout: float, as_json: bool) -> N
 
     A warning is a setting under which a guarantee does not hold: an asynchronous
     standby, which a failover can promote with the last commits lost (docs/failover.md);
-    a missing role; this host's clock more than a second off the database's.
+    a missing role; this host's clock, or a live worker's host clock (as that worker
+    measured it), more than a second off the database's.
     """
     from runledger.doctor import run_doctor
 

@@ -29,6 +29,7 @@ from runledger.cli.options import (
     since_option,
 )
 from runledger.cli.terminal import cells, line, new_console, new_table, print_table
+from runledger.doctor import MAX_CLOCK_SKEW, offset_words
 from runledger.model import RunStatus
 from runledger.present import (
     age,
@@ -308,10 +309,13 @@ def workers(
     lease_seconds: float,
     as_json: bool,
 ) -> None:
-    """List workers: alive, silent or stopped, heartbeat age, runs held.
+    """List workers: alive, silent or stopped, heartbeat age, runs held, host clock.
 
     RUNS HELD counts the running runs whose lease this worker holds and has not
-    expired, by the database clock. Alive first, then silent, then stopped.
+    expired, by the database clock. CLOCK is how far the worker's host clock is from
+    the database's, as the worker measured it (a worker judges every time by the
+    database's clock; a host more than a second off is named in a warning). Alive
+    first, then silent, then stopped.
     """
     from runledger.db.inspect import workers as query
 
@@ -330,11 +334,13 @@ def workers(
         "liveness",
         "heartbeat",
         "runs held",
+        "clock",
         "flows",
         "started",
         whole=("worker", "flows"),
     )
     for w in data["workers"]:
+        offset = w["clock_offset_seconds"]
         table.add_row(
             *cells(
                 w["worker_id"],
@@ -342,12 +348,21 @@ def workers(
                 w["liveness"],
                 f"{age(w['heartbeat_age_seconds'])} ago",
                 w["runs_held"],
+                "-" if offset is None else f"{offset:+.3f} s",
                 " ".join(w["flows"]),
                 ago(data["now"], w["started_at"]),
             )
         )
     print_table(console, table)
     line(console, f"silent: no heartbeat for {lease_seconds:g} s (--lease-seconds)")
+    for w in data["workers"]:
+        offset = w["clock_offset_seconds"]
+        if w["liveness"] == "alive" and offset is not None and abs(offset) > MAX_CLOCK_SKEW:
+            line(
+                console,
+                f"warning: {w['worker_id']}'s {offset_words(offset)} (more than "
+                f"{MAX_CLOCK_SKEW:g} s): check NTP on {w['hostname'] or 'its host'}",
+            )
 
 
 # -- unknown ----------------------------------------------------------------------------

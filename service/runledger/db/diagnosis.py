@@ -112,6 +112,19 @@ def database_clock(conn: Conn) -> float:
     return float(_one(conn, "SELECT extract(epoch FROM clock_timestamp())::float8 AS at")["at"])
 
 
+def worker_clocks(conn: Conn) -> list[Row]:
+    """Each live worker's host clock against the database's, as the worker measured it
+    and said with its last heartbeat (``workers.clock_offset``), farthest first."""
+    return conn.execute(
+        """SELECT w.worker_id, w.hostname, w.pid,
+                  extract(epoch FROM w.clock_offset)::float8 AS clock_offset_seconds
+           FROM runledger.workers w
+           WHERE w.stopped_at IS NULL AND w.clock_offset IS NOT NULL
+             AND w.heartbeat_at > runledger.now() - coalesce(w.silent_after, interval '30 s')
+           ORDER BY abs(extract(epoch FROM w.clock_offset)) DESC, w.worker_id"""
+    ).fetchall()
+
+
 def can_act(conn: Conn) -> bool:
     """Whether this login may execute :data:`OPERATOR_ACT`: an operator's may, an
     auditor's may not."""

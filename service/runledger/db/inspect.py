@@ -263,7 +263,8 @@ SELECT w.worker_id, w.hostname, w.pid, w.flows, w.started_at, w.heartbeat_at, w.
             WHEN w.heartbeat_at <= clock.now - %(silent_after)s::interval THEN 'silent'
             ELSE 'alive' END AS liveness,
        extract(epoch FROM clock.now - w.heartbeat_at)::float8 AS heartbeat_age_seconds,
-       coalesce(h.runs_held, 0)::int AS runs_held
+       coalesce(h.runs_held, 0)::int AS runs_held,
+       extract(epoch FROM w.clock_offset)::float8 AS clock_offset_seconds
 FROM runledger.workers w CROSS JOIN clock
 LEFT JOIN held h ON h.lease_owner = w.worker_id
 """

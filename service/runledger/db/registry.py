@@ -9,12 +9,14 @@ through :meth:`Executor.send_on`: that session is the worker's own, not a pooled
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
+from runledger.clock import DatabaseClock
 from runledger.db import observe, reads
 from runledger.db.execution import Executor
 from runledger.db.reads import Registration
@@ -26,8 +28,10 @@ RUNS_CHANNEL = "runledger_runs"  # what a run to claim is NOTIFYed on
 class WorkerRegistry:
     """A worker's registration and heartbeats, over one :class:`Executor`."""
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, clock: DatabaseClock | None = None) -> None:
         self.executor = executor
+        # measured on each heartbeat (the database's now comes back with it)
+        self.clock = clock if clock is not None else DatabaseClock()
 
     async def register_worker(
         self,
@@ -100,15 +104,22 @@ class WorkerRegistry:
         self, worker_id: str, *, stopped: bool = False, incarnation: uuid.UUID | None = None
     ) -> None:
         """The worker's heartbeat (``stopped``: it has drained); with ``incarnation``, refused with
-        :class:`~runledger.errors.WorkerConflict` once another process holds the id."""
-        if incarnation is None:
-            await self.executor.read(
-                "SELECT runledger.heartbeat_worker(%s, %s)", (worker_id, stopped)
-            )
-            return
-        await self.executor.read(
-            "SELECT runledger.heartbeat_worker(%s, %s, %s::uuid)", (worker_id, stopped, incarnation)
+        :class:`~runledger.errors.WorkerConflict` once another process holds the id. It
+        says how far this host's clock is from the database's (as :attr:`clock` last
+        measured it), and the database's clock comes back with it: a measurement."""
+        offset = self.clock.host_offset()
+        sent = time.monotonic()
+        rows = await self.executor.read(
+            "SELECT runledger.heartbeat_worker(%s, %s, %s::uuid, %s::interval),"
+            " runledger.now() AS now",
+            (
+                worker_id,
+                stopped,
+                incarnation,
+                None if offset is None else dt.timedelta(seconds=offset),
+            ),
         )
+        self.clock.measure(rows[0]["now"], sent, time.monotonic())
 
     async def checkpoint_events(self, actor: str, min_age: dt.timedelta) -> dict[str, Any]:
         """A checkpoint of the event chains unless

@@ -254,6 +254,7 @@ workers: Final = Table(
     # (registered through a pooler: session_pid NULL)
     Column("incarnation", UUID(as_uuid=True), nullable=True),
     Column("silent_after", INTERVAL, nullable=True),
+    Column("clock_offset", INTERVAL, nullable=True),
     PrimaryKeyConstraint("worker_id"),
 )
 

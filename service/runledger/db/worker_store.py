@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, LiteralString, TypeVar
@@ -27,6 +28,7 @@ from typing import Any, LiteralString, TypeVar
 from psycopg.types.json import Jsonb
 
 from runledger import errors
+from runledger.clock import DatabaseClock
 from runledger.db import reads, wire
 from runledger.db.coalesce import COMPLETIONS, DECISIONS, Coalescer, Write
 from runledger.db.execution import Executor, Landed
@@ -81,7 +83,10 @@ class WorkerStore:
         # statements and commits (runledger.db.coalesce)
         self._completions: Coalescer | None = None
         self._decisions: Coalescer | None = None
-        self.registry = WorkerRegistry(executor)
+        # the database's clock, measured on the renewals and the heartbeats: what the
+        # worker compares the journal's times with (runledger.clock)
+        self.clock = DatabaseClock()
+        self.registry = WorkerRegistry(executor, self.clock)
 
     @classmethod
     async def connect(cls, url: str, **options: Any) -> WorkerStore:
@@ -194,7 +199,10 @@ class WorkerStore:
         check_text("worker id", worker_id)
         for f in flows:
             check_text("flow", f)
+        sent = time.monotonic()
         rows = await self.executor.read(CLAIM_RUNS, (worker_id, list(flows), lease, max_runs))
+        if rows:  # each claimed lease ends the lease after the database's now
+            self.clock.measure(rows[0]["lease_expires_at"] - lease, sent, time.monotonic())
         return claimed(rows)
 
     async def renew_leases(
@@ -205,10 +213,13 @@ class WorkerStore:
         lease: dt.timedelta,
     ) -> list[RenewedLease]:
         check_text("worker id", worker_id)
+        sent = time.monotonic()
         rows = await self.executor.read(
             "SELECT * FROM runledger.renew_leases(%s, %s::text[], %s::uuid[], %s::interval)",
             (worker_id, list(run_ids), list(lease_ids), lease),
         )
+        if rows:  # each renewed lease ends the lease after the database's now
+            self.clock.measure(rows[0]["lease_expires_at"] - lease, sent, time.monotonic())
         return [
             RenewedLease(run_id=RunId(r["run_id"]), lease_expires_at=r["lease_expires_at"])
             for r in rows

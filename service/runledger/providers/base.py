@@ -2,13 +2,18 @@
 
 - :class:`Retention`: how long the provider keeps what a lookup reads (its idempotency
   records, a message history), judged by the key's first send (``ctx.first_sent_at``,
-  as the journal's events record it). :meth:`Retention.not_found` is what
-  a lookup returns when it found nothing: ``None`` (the key did not take effect, send it
-  again) within the window, :class:`~runledger.Unknowable` past it.
+  as the journal's events record it) against the database's clock (``ctx.now()``).
+  :meth:`Retention.not_found` is what a lookup returns when it found nothing: ``None``
+  (the key did not take effect, send it again) within the window,
+  :class:`~runledger.Unknowable` past it.
 - :func:`landing_wait` / :func:`await_landing`: a request the client gave up on may still
   reach the provider. A lookup waits until the last send (``ctx.sent_at``) is older than
   the provider's own bound on it before it says "not found": the worker takes that for
   certain (after the last attempt the call fails as never applied).
+
+Every age here is a database timestamp against the database's clock as the worker
+measures it (:meth:`ToolContext.now`), never against this host's clock: a host whose
+clock is minutes off judges them right (docs/concepts.md).
 - :func:`retry_after`: seconds a 429 or 503 asks the client to wait.
 - :func:`marker`: the key as a hidden marker in a body a lookup can search.
 """
@@ -40,14 +45,10 @@ __all__ = [
 KEY_FIELD = "runledger_key"
 
 
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
 def _age(ctx: ToolContext, now: dt.datetime | None = None) -> dt.timedelta | None:
     if ctx.first_sent_at is None:
         return None
-    return (now or _utcnow()) - ctx.first_sent_at
+    return (now or ctx.now()) - ctx.first_sent_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +102,11 @@ def _span(d: dt.timedelta) -> str:
 def landing_wait(ctx: ToolContext, bound: float, now: dt.datetime | None = None) -> float:
     """Seconds until a request sent at ``ctx.sent_at`` can no longer land at the provider,
     given ``bound``: the longest the provider takes to act on a request it received (its
-    own request timeout). 0 when that time is past or nothing was sent."""
+    own request timeout). 0 when that time is past or nothing was sent. Judged by the
+    database's clock (``ctx.now()``), as ``sent_at`` is."""
     if ctx.sent_at is None:
         return 0.0
-    left = (ctx.sent_at + dt.timedelta(seconds=bound) - (now or _utcnow())).total_seconds()
+    left = (ctx.sent_at + dt.timedelta(seconds=bound) - (now or ctx.now())).total_seconds()
     return max(0.0, left)
 
 
@@ -164,7 +166,8 @@ def retry_after(headers: Mapping[str, str], default: float = 1.0, cap: float = 6
             return default
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.UTC)
-        seconds = (when - _utcnow()).total_seconds()
+        # the provider's clock (its HTTP date) against this host's: neither is the database's
+        seconds = (when - dt.datetime.now(dt.UTC)).total_seconds()
     if not math.isfinite(seconds):
         return default
     return min(max(seconds, 0.0), cap)

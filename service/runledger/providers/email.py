@@ -654,7 +654,7 @@ def resend_emails(
         reply_to: str | list[str] | None = None,
     ) -> Receipt:
         if ctx.first_sent_at is not None and retention.expired(ctx):
-            age = dt.datetime.now(dt.UTC) - ctx.first_sent_at
+            age = ctx.since_first_sent() or dt.timedelta(0)
             ctx.observe(key_age_hours=round(age.total_seconds() / 3600, 3))
             raise ResendKeyExpired(
                 f"key {ctx.idempotency_key} was first sent {age.total_seconds() / 3600:.1f} h "

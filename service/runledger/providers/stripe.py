@@ -553,7 +553,7 @@ def _lookup(ctx: ToolContext, s: _Settings) -> dict[str, Any] | None:
     """The object created with ``ctx.idempotency_key``, else ``None`` within the window,
     else :class:`runledger.Unknowable`. Stripe errors propagate: the lookup failed."""
     key = ctx.idempotency_key
-    now = dt.datetime.now(dt.UTC)
+    now = ctx.now()  # the database's clock, as first_sent_at is
     first = ctx.first_sent_at or ctx.sent_at or now - s.retention.window
     asked: list[str] = []
     since = first

@@ -185,7 +185,9 @@ class Calls:
         # A key sent before this holder took it has its first send in the journal, read
         # only if the call is sent or looked up (_know_first_send)
         trail = Trail(
-            sent=call.dispatched_at, first_known=dispatched is not None or not call.attempts
+            sent=call.dispatched_at,
+            first_known=dispatched is not None or not call.attempts,
+            clock=self.writes.store.clock.now,
         )
         sends = Backoff(self.limits)
         asks = Backoff(self.limits)
@@ -468,6 +470,7 @@ class Calls:
             lease_deadline=lambda: active.deadline,
             first_sent_at=trail.first_sent,
             sent_at=trail.sent,
+            clock=self.writes.store.clock.now,
         )
 
     def _abandon(

@@ -2,7 +2,8 @@
 decides the call if it becomes ``unknown``.
 
 Each send that did not return and each lookup that found nothing is a step (a call
-whose tool returned, or whose lookup found it, is never unknown): when it started (UTC),
+whose tool returned, or whose lookup found it, is never unknown): when it started (UTC,
+by the database's clock as the worker measures it: :mod:`runledger.clock`),
 how long it took, how it ended, and what the tool or the lookup observed
 (``ToolContext.observe``: what was asked, what the provider answered, its request id).
 An earlier sender that was waited for is a step too. The steps go into the call's
@@ -15,9 +16,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runledger.clock import wall_now
 from runledger.worker.runs import jsonable
 
 __all__ = ["MAX_FACTS", "MAX_STEPS", "Trail"]
@@ -25,10 +28,6 @@ __all__ = ["MAX_FACTS", "MAX_STEPS", "Trail"]
 MAX_STEPS = 20  # the last ones are kept
 MAX_FACTS = 10  # facts observed per step
 MAX_FACT_CHARS = 2000  # a fact longer than this, as JSON, is cut to it
-
-
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def _fact(facts: dict[str, Any]) -> dict[str, Any]:
@@ -49,10 +48,14 @@ class Trail:
     # journal was read for it
     first_known: bool = False
     steps: list[dict[str, Any]] = field(default_factory=list)
+    # the database's clock (the worker's DatabaseClock.now): the send times above are
+    # compared with the journal's, and the steps' times are shown beside the events'
+    clock: Callable[[], dt.datetime] = field(default=wall_now, repr=False)
 
     def dispatched(self) -> None:
-        """This holder dispatched the call: the key is sent now (the local clock)."""
-        now = _utcnow()
+        """This holder dispatched the call: the key is sent now (its dispatch has just
+        committed), by the database's clock."""
+        now = self.clock()
         if self.first_sent is None:
             self.first_sent = now
         self.first_known = True
@@ -67,7 +70,7 @@ class Trail:
     ) -> None:
         """A step that began at ``started`` (``time.monotonic()``) and ends now."""
         took = time.monotonic() - started
-        at = _utcnow() - dt.timedelta(seconds=took)
+        at = self.clock() - dt.timedelta(seconds=took)
         entry: dict[str, Any] = {
             "step": step,
             "at": at.isoformat(timespec="milliseconds"),

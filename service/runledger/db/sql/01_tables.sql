@@ -369,6 +369,10 @@ CREATE TABLE runledger.workers (
     -- (through a pooler: session_pid NULL) holds its id until it stops or is silent
     -- that long; NULL: not given
     silent_after interval,
+    -- how far the worker's host clock is ahead of the database's (negative: behind), as
+    -- the worker measured it on its round trips and said with its last heartbeat; NULL:
+    -- not said. The worker itself judges every time by the database's clock
+    clock_offset interval,
     CONSTRAINT pk_workers PRIMARY KEY (worker_id)
 );
 

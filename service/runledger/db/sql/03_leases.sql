@@ -1122,9 +1122,12 @@ $$;
 -- database, or its row removed by hand. With p_incarnation, only the
 -- process that holds the registration heartbeats (or says it stopped); another one (the
 -- id was taken over while it was silent, or after its process was found gone) is
--- refused with RL008, and stops.
+-- refused with RL008, and stops. p_clock_offset: how far the worker's host clock is ahead
+-- of the database's (negative: behind), as the worker measured it (workers.clock_offset;
+-- NULL leaves the last one).
 CREATE FUNCTION runledger.heartbeat_worker(p_worker_id text, p_stopped boolean DEFAULT false,
-                                           p_incarnation uuid DEFAULT NULL)
+                                           p_incarnation uuid DEFAULT NULL,
+                                           p_clock_offset interval DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
@@ -1136,7 +1139,8 @@ BEGIN
     PERFORM runledger._check_worker_id(p_worker_id);
     UPDATE runledger.workers
     SET heartbeat_at = v_now,
-        stopped_at = CASE WHEN p_stopped THEN v_now ELSE stopped_at END
+        stopped_at = CASE WHEN p_stopped THEN v_now ELSE stopped_at END,
+        clock_offset = coalesce(p_clock_offset, clock_offset)
     WHERE worker_id = p_worker_id
       AND (p_incarnation IS NULL OR incarnation IS NOT DISTINCT FROM p_incarnation);
     IF NOT FOUND AND p_incarnation IS NOT NULL THEN

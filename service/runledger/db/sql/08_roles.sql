@@ -96,7 +96,7 @@ BEGIN
             runledger.call_sender(text, uuid, bigint, text),
             runledger.release_call(text, uuid, bigint, text, text, jsonb),
             runledger.heartbeat_listener(text),
-            runledger.heartbeat_worker(text, boolean, uuid),
+            runledger.heartbeat_worker(text, boolean, uuid, interval),
             runledger.checkpoint_events(text, interval)
         TO runledger_worker;
     END IF;
