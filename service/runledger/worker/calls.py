@@ -80,8 +80,10 @@ def sent_earlier(active: ActiveRun, call: Call) -> bool:
 
 
 def _sender_gone(seen: CallSender) -> bool:
-    """Whether the process that sent the call (as its worker registered it, before the
-    send) is found gone on this host (:func:`runledger.worker.liveness.process_gone`)."""
+    """Whether the process that sent the call is found gone on this host
+    (:func:`runledger.worker.liveness.process_gone`): the process that claimed the run
+    under the sender's token (``call_sender``), or one its worker registered before the
+    send."""
     return (
         seen.process is not None
         and seen.registered_at is not None
