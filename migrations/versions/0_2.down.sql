@@ -326,6 +326,49 @@ DROP FUNCTION runledger._synchronous(text, text);
 DROP TABLE runledger.commit_guarantees;
 ALTER TABLE runledger.timelines DROP COLUMN lossless, DROP COLUMN evidence;
 
+-- ---------------------------------------------------------------------------------
+-- The sender's process of a call in flight: call_sender as 0.1 has it (the process
+-- as the sender's worker registered it)
+-- ---------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION runledger.call_sender(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                      p_idempotency_key text)
+RETURNS TABLE (sender text, sender_token bigint, attempt integer, dispatched_at timestamptz,
+               until timestamptz, released jsonb, process text, registered_at timestamptz,
+               now timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_lock record;
+    c runledger.run_calls;
+BEGIN
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.status <> 'dispatched' THEN
+        RETURN;
+    END IF;
+    sender := c.dispatched_by;
+    sender_token := c.dispatched_token;
+    attempt := c.attempts;
+    dispatched_at := c.dispatched_at;
+    now := v_lock.at;
+    SELECT e.detail INTO released FROM runledger.run_events e
+    WHERE e.run_id = p_run_id AND e.kind = 'send_released'
+      AND e.detail ->> 'idempotency_key' = p_idempotency_key
+      AND e.detail ->> 'attempt' = c.attempts::text
+    ORDER BY e.event_id LIMIT 1;
+    -- released: no sender is sending it (the release is what _sender_until looks for first)
+    IF released IS NULL AND c.dispatched_token < p_fencing_token THEN
+        until := runledger._sender_until(p_run_id, p_idempotency_key, c.dispatched_token,
+                                         c.attempts, v_lock.at);
+    END IF;
+    SELECT w.process, w.started_at INTO process, registered_at
+    FROM runledger.workers w WHERE w.worker_id = c.dispatched_by;
+    RETURN NEXT;
+END
+$$;
+
 
 -- ---------------------------------------------------------------------------------
 -- One clock: back to 0.1's heartbeat_worker, without workers.clock_offset.

@@ -266,6 +266,10 @@ DECLARE
     -- before their leases expire)
     v_lock bigint;
     v_gone bigint[] := '{}';
+    -- the claimer's process as its worker registered it (workers.process), recorded in
+    -- each claim's event: the process that holds the lease, and sends under its token
+    -- (call_sender)
+    v_process jsonb;
     -- the planner settings of the claim statement, restored after it
     v_plan_cache_mode text := pg_catalog.current_setting('plan_cache_mode');
     v_jit text := pg_catalog.current_setting('jit');
@@ -289,7 +293,10 @@ BEGIN
     -- how this session's commits are acknowledged, for the next failover to judge by
     PERFORM runledger._note_commit_guarantee(p_worker_id, v_now, v_timeline);
     -- session locks
-    SELECT w.session_lock INTO v_lock FROM runledger.workers w
+    SELECT w.session_lock,
+           CASE WHEN w.process IS NOT NULL THEN jsonb_build_object('process', w.process)
+                ELSE '{}'::jsonb END
+    INTO v_lock, v_process FROM runledger.workers w
     WHERE w.worker_id = p_worker_id AND w.stopped_at IS NULL;
     -- A claimer whose own listener session has ended claims nothing: its process died
     -- (or fenced itself) while this statement was on its way, and the server runs a
@@ -427,7 +434,8 @@ BEGIN
     LOOP
         IF v_claim.takeover THEN
             -- holder: why the run could be taken, 'expired' or
-            -- 'session_ended' (the lease still ran, the holder's session had ended)
+            -- 'session_ended' (the lease still ran, the holder's session had ended);
+            -- process (both kinds): the claimer's, when its worker registered one
             PERFORM runledger._event(v_claim.run_id, 'takeover', p_worker_id,
                 v_claim.fencing_token, v_claim.state_version,
                 jsonb_build_object('lease_id', v_claim.lease_id,
@@ -436,13 +444,15 @@ BEGIN
                                    'previous_token', v_claim.old_token,
                                    'holder', CASE WHEN v_claim.old_expires_at <= v_now
                                                   THEN 'expired' ELSE 'session_ended' END,
-                                   'previous_lease_expires_at', v_claim.old_expires_at),
+                                   'previous_lease_expires_at', v_claim.old_expires_at)
+                || coalesce(v_process, '{}'::jsonb),
                 v_now);
         ELSE
             PERFORM runledger._event(v_claim.run_id, 'claimed', p_worker_id,
                 v_claim.fencing_token, v_claim.state_version,
                 jsonb_build_object('lease_id', v_claim.lease_id,
-                                   'lease_expires_at', v_claim.lease_expires_at),
+                                   'lease_expires_at', v_claim.lease_expires_at)
+                || coalesce(v_process, '{}'::jsonb),
                 v_now);
         END IF;
         run_id := v_claim.run_id;
@@ -528,6 +538,68 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'runledger_auditor') THEN
         GRANT SELECT ON runledger.commit_guarantees TO runledger_auditor;
     END IF;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------
+-- The sender's process of a call in flight: the process that claimed the run under
+-- the sender's token, recorded in the claim's event (_claim, call_sender)
+-- ---------------------------------------------------------------------------------
+
+-- Who sent a call that is in flight, for the run's current holder before it recovers the
+-- call: the sender (worker id, token, the attempt), until when it may still be sending
+-- (NULL: it can no longer be; see _sender_until), what it said when it released the call
+-- (the 'send_released' event's detail, or NULL), and the sender's process with the time
+-- it was recorded, for a peer on the same host to check. That process is the one that
+-- claimed the run under the sender's token (the 'process' of that claim's event, at the
+-- claim's time): the lease is that process's, and only it sends under the token, even
+-- when its worker id has been registered again since (the worker restarted under its own
+-- id). A claim recorded without one (its worker registered no process) leaves the
+-- process as the sender's worker registered it, with the time of that registration
+-- (workers.process, started_at). One row; none for a call that is not dispatched.
+CREATE OR REPLACE FUNCTION runledger.call_sender(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
+                                      p_idempotency_key text)
+RETURNS TABLE (sender text, sender_token bigint, attempt integer, dispatched_at timestamptz,
+               until timestamptz, released jsonb, process text, registered_at timestamptz,
+               now timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_lock record;
+    c runledger.run_calls;
+BEGIN
+    v_lock := runledger._lock_leased_run_at(p_run_id, p_lease_id, p_fencing_token);
+    c := runledger._lock_call(p_run_id, p_idempotency_key);
+    IF c.status <> 'dispatched' THEN
+        RETURN;
+    END IF;
+    sender := c.dispatched_by;
+    sender_token := c.dispatched_token;
+    attempt := c.attempts;
+    dispatched_at := c.dispatched_at;
+    now := v_lock.at;
+    SELECT e.detail INTO released FROM runledger.run_events e
+    WHERE e.run_id = p_run_id AND e.kind = 'send_released'
+      AND e.detail ->> 'idempotency_key' = p_idempotency_key
+      AND e.detail ->> 'attempt' = c.attempts::text
+    ORDER BY e.event_id LIMIT 1;
+    -- released: no sender is sending it (the release is what _sender_until looks for first)
+    IF released IS NULL AND c.dispatched_token < p_fencing_token THEN
+        until := runledger._sender_until(p_run_id, p_idempotency_key, c.dispatched_token,
+                                         c.attempts, v_lock.at);
+    END IF;
+    -- the claim that granted the sender's token (a failover's dispatch is no claimer's)
+    SELECT e.detail ->> 'process', e.at INTO process, registered_at
+    FROM runledger.run_events e
+    WHERE e.run_id = p_run_id AND e.kind IN ('claimed', 'takeover')
+      AND e.fencing_token = c.dispatched_token AND e.actor = c.dispatched_by
+    ORDER BY e.event_id LIMIT 1;
+    IF process IS NULL THEN
+        SELECT w.process, w.started_at INTO process, registered_at
+        FROM runledger.workers w WHERE w.worker_id = c.dispatched_by;
+    END IF;
+    RETURN NEXT;
 END
 $$;
 

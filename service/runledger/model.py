@@ -223,8 +223,10 @@ class CallSender:
     # None: the sender can no longer be sending it; else until when it may be
     until: dt.datetime | None
     released: dict[str, Any] | None  # what the sender (or the holder) said when released
-    process: str | None  # the sender's worker's process as registered (workers.process)
-    registered_at: dt.datetime | None  # when that worker id last registered
+    # the sender's process: the one that claimed the run under its token (that claim's
+    # event), else its worker's registered one (workers.process)
+    process: str | None
+    registered_at: dt.datetime | None  # when that process was recorded (claim or registration)
     now: dt.datetime  # the database clock when this was read
 
 

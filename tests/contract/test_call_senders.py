@@ -42,6 +42,18 @@ def register(listener: Conn, worker_id: str, process: str | None = None) -> None
     )
 
 
+def refused_registration(listener: Conn, worker_id: str, process: str) -> bool:
+    """Register ``worker_id`` on ``listener``; True when the id is still another live
+    session's (RL008)."""
+    try:
+        register(listener, worker_id, process)
+    except psycopg.Error as exc:
+        if exc.sqlstate != "RL008":
+            raise
+        return True
+    return False
+
+
 def sender(conn: Conn, lease: Lease, k: str) -> dict[str, Any] | None:
     row = conn.execute(
         "SELECT * FROM runledger.call_sender(%s, %s, %s, %s)",
@@ -225,3 +237,60 @@ def test_a_call_dispatched_but_never_sent_is_released_as_such(
     assert seen is not None and seen["until"] is None
     assert seen["released"]["ended"] == "not_sent"
     assert dispatch(worker2, new, k) == 2
+
+
+def test_a_sender_restarted_under_its_own_id_is_named_by_the_process_that_claimed(
+    connect: Connect, worker: Conn, worker2: Conn, admin_conn: Conn
+) -> None:
+    """The worker id registered again by a new process (a restart under the same id):
+    the sender's process is still the one that claimed the run under the sender's token
+    (its claim's event records it), dated by that claim, so its peer can find it gone."""
+    listener = connect("runledger_worker")
+    register(listener, "w1", "linux/b/ns/42/7")
+    old = submit_and_claim(worker, "r1", "w1")
+    k = dispatched_call(worker, old)
+    [claimed] = events(admin_conn, "r1", "claimed")
+    assert claimed["detail"]["process"] == "linux/b/ns/42/7"
+    listener.close()  # the old process is gone; the new one takes the id over
+    listener2 = connect("runledger_worker")
+    listener2.execute(
+        "SELECT * FROM runledger.register_worker_v2('w1', 'host', 2, %s::text[], true,"
+        " 'linux/b/ns/43/9', NULL, true, NULL, 'linux/b/ns/42/7')",
+        ([FLOW_REF],),
+    )
+    [new] = wait_for(lambda: claim(worker2, "w1"), timeout=10, what="w1 takes r1 over")
+    assert new.takeover and new.token == old.token + 1
+    [takeover] = events(admin_conn, "r1", "takeover")
+    assert takeover["detail"]["process"] == "linux/b/ns/43/9"
+    seen = sender(worker2, new, k)
+    assert seen is not None and seen["sender"] == "w1" and seen["sender_token"] == old.token
+    assert seen["until"] is not None  # the old lease still runs: only the process tells
+    assert seen["process"] == "linux/b/ns/42/7"
+    assert seen["registered_at"] == claimed["at"] <= seen["dispatched_at"]
+
+
+def test_a_claim_recorded_without_a_process_leaves_the_registered_one(
+    connect: Connect, worker: Conn, worker2: Conn, admin_conn: Conn
+) -> None:
+    """A worker that registered no process claims with none in its event: the sender's
+    process is then as its worker id is registered now, with the time of that
+    registration (here after the send: no proof about the process that sent it)."""
+    listener = connect("runledger_worker")
+    register(listener, "w1")
+    old = submit_and_claim(worker, "r1", "w1")
+    k = dispatched_call(worker, old)
+    [claimed] = events(admin_conn, "r1", "claimed")
+    assert "process" not in claimed["detail"]
+    listener.close()
+    listener2 = connect("runledger_worker")
+    register(listener2, "w2")
+    listener3 = connect("runledger_worker")
+    wait_for(
+        lambda: not refused_registration(listener3, "w1", "linux/b/ns/43/9"),
+        timeout=10,
+        what="w1's id free again",
+    )
+    [new] = wait_for(lambda: claim(worker2, "w2"), timeout=10, what="w2 takes r1 over")
+    seen = sender(worker2, new, k)
+    assert seen is not None and seen["process"] == "linux/b/ns/43/9"
+    assert seen["registered_at"] > seen["dispatched_at"]

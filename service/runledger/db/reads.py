@@ -102,19 +102,51 @@ async def list_events(ex: Executor, run_id: str) -> list[Event]:
     rows = await ex.read(
         "SELECT * FROM runledger.run_events WHERE run_id = %s ORDER BY event_id", (run_id,)
     )
-    return [
-        Event(
-            event_id=r["event_id"],
-            run_id=r["run_id"],
-            at=r["at"],
-            kind=r["kind"],
-            actor=r["actor"],
-            fencing_token=r["fencing_token"],
-            state_version=r["state_version"],
-            detail=r["detail"],
-        )
-        for r in rows
-    ]
+    return [_event(r) for r in rows]
+
+
+# what tells how a lease of the run was used and how it ended
+LEASE_KINDS = [
+    "claimed",
+    "takeover",
+    "call_dispatched",
+    "send_released",
+    "renewal_failed",
+    "lease_released",
+    "stale_write_rejected",
+    "failover_detected",
+]
+
+
+async def last_claims(ex: Executor, run_id: str, claims: int, limit: int = 500) -> list[Event]:
+    """The run's events of :data:`LEASE_KINDS` from its ``claims``-th last claim
+    (``claimed`` or ``takeover``) on, oldest first; from its first event when it has
+    fewer claims; the last ``limit`` of them."""
+    check_text("run id", run_id)
+    rows = await ex.read(
+        "SELECT * FROM (SELECT e.* FROM runledger.run_events e"
+        " WHERE e.run_id = %s AND e.kind = ANY (%s::text[])"
+        " AND e.event_id >= coalesce((SELECT c.event_id FROM runledger.run_events c"
+        "   WHERE c.run_id = %s AND c.kind IN ('claimed', 'takeover')"
+        "   ORDER BY c.event_id DESC OFFSET %s LIMIT 1), 0)"
+        " ORDER BY e.event_id DESC LIMIT %s) x ORDER BY x.event_id",
+        (run_id, LEASE_KINDS, run_id, max(claims - 1, 0), limit),
+        fields={"run_id": run_id},
+    )
+    return [_event(r) for r in rows]
+
+
+def _event(r: dict[str, Any]) -> Event:
+    return Event(
+        event_id=r["event_id"],
+        run_id=r["run_id"],
+        at=r["at"],
+        kind=r["kind"],
+        actor=r["actor"],
+        fencing_token=r["fencing_token"],
+        state_version=r["state_version"],
+        detail=r["detail"],
+    )
 
 
 async def worker_registration(ex: Executor, worker_id: str) -> Registration | None:

@@ -60,6 +60,7 @@ from runledger.model import (
     Call,
     CallSender,
     ClaimedRun,
+    Event,
     FinishStatus,
     IdempotencyKey,
     Outcome,
@@ -638,6 +639,13 @@ class WorkerStore:
         )
         first: dt.datetime | None = rows[0]["first"] if rows else None
         return first
+
+    async def last_claims(self, run_id: str, claims: int) -> list[Event]:
+        """The run's last ``claims`` claims and what happened under each lease (the
+        events that tell it: dispatches, releases, failed renewals, stale writes), oldest
+        first: the crash-loop guard's evidence. A read of the run's events, made only
+        when the worker gives a run up."""
+        return await reads.last_claims(self.executor, run_id, claims)
 
     async def release_call(
         self,

@@ -57,6 +57,16 @@ class Settled(Enum):
     TOOL_MISSING = "tool_missing"  # planned, and this code has no such tool
 
 
+class Looked(Enum):
+    """What the crash-loop guard learned of a ``lookup`` call in flight (:meth:`Calls.look_up`)."""
+
+    SUCCEEDED = "succeeded"  # journaled: the receipt the lookup found, or its sender's result
+    # certainly without effect: its sender released it unsent, or the lookup found nothing
+    # once no sender could still be sending it (left dispatched, for the guard)
+    NO_EFFECT = "no_effect"
+    OPEN = "open"  # it may have taken effect: the lookup failed or the provider cannot tell
+
+
 def suspect(active: ActiveRun, call: Call) -> bool:
     """Whether the call may have been sent on a timeline a failover lost although this
     timeline never dispatched it: planned, never dispatched, of a turn from the run's
@@ -80,8 +90,10 @@ def sent_earlier(active: ActiveRun, call: Call) -> bool:
 
 
 def _sender_gone(seen: CallSender) -> bool:
-    """Whether the process that sent the call (as its worker registered it, before the
-    send) is found gone on this host (:func:`runledger.worker.liveness.process_gone`)."""
+    """Whether the process that sent the call is found gone on this host
+    (:func:`runledger.worker.liveness.process_gone`): the process that claimed the run
+    under the sender's token (``call_sender``), or one its worker registered before the
+    send."""
     return (
         seen.process is not None
         and seen.registered_at is not None
@@ -520,6 +532,44 @@ class Calls:
         except Exception:
             log.exception("late result not recorded", extra={"run_id": active.run_id})
             await self.writes.release_send(active, key, {"ended": "returned"})
+
+    async def look_up(self, active: ActiveRun, tool: Tool[Any], call: Call, trail: Trail) -> Looked:
+        """For the crash-loop guard (:mod:`runledger.worker.giving_up`): a call of a
+        ``lookup`` tool found in flight, recovered as :meth:`settle` would recover it --
+        its earlier sender waited for, the provider asked -- up to where it would be sent
+        again: nothing is sent. What settles it is journaled (succeeded, with the receipt
+        found or the result its sender released); anything else is left to the guard.
+        ``trail`` gathers the steps."""
+        known = Known(
+            window=Window.IN_FLIGHT,
+            safety=tool.safety,
+            tool=call.tool,
+            max_attempts=tool.max_attempts,
+            attempts=call.attempts,
+            sender_active=sent_earlier(active, call),
+        )
+        in_hand: tuple[Any, dict[str, Any] | None] = (None, None)
+        asks = Backoff(self.limits)
+        while True:
+            match recovery.next_step(known):
+                case recovery.AwaitSender():
+                    known, in_hand = await self._await_sender(active, call, known, trail)
+                case recovery.Lookup(backoff=wait):
+                    if wait:
+                        await asks.sleep()
+                    known, in_hand = await self._lookup(
+                        active, tool, call, call.attempts, known, trail
+                    )
+                case recovery.Complete(outcome=Outcome.SUCCEEDED):
+                    result, receipt = in_hand
+                    await self.writes.complete(active, call, Outcome.SUCCEEDED, result, receipt)
+                    return Looked.SUCCEEDED
+                case recovery.Dispatch() if (
+                    known.window is Window.PLANNED or known.looked_up is LookedUp.NOT_FOUND
+                ):
+                    return Looked.NO_EFFECT
+                case _:
+                    return Looked.OPEN
 
     async def _await_sender(
         self, active: ActiveRun, call: Call, known: Known, trail: Trail

@@ -6,9 +6,10 @@ whose tool returned, or whose lookup found it, is never unknown): when it starte
 by the database's clock as the worker measures it: :mod:`runledger.clock`),
 how long it took, how it ended, and what the tool or the lookup observed
 (``ToolContext.observe``: what was asked, what the provider answered, its request id).
-An earlier sender that was waited for is a step too. The steps go into the call's
-``error`` under ``evidence`` when it is marked ``unknown``; nothing is written
-otherwise.
+An earlier sender that was waited for is a step too, and so is each claim of the run
+without progress, when the crash-loop guard gives the call up (:meth:`Trail.journaled`).
+The steps go into the call's ``error`` under ``evidence`` when it is marked ``unknown``
+(or, by the crash-loop guard, found without effect); nothing is written otherwise.
 """
 
 from __future__ import annotations
@@ -75,6 +76,25 @@ class Trail:
             "step": step,
             "at": at.isoformat(timespec="milliseconds"),
             "ms": round(took * 1000),
+        }
+        entry.update(jsonable({k: v for k, v in detail.items() if v is not None}))
+        if observed:
+            entry["observed"] = [_fact(f) for f in observed[-MAX_FACTS:]]
+        self.steps.append(entry)
+        del self.steps[:-MAX_STEPS]
+
+    def journaled(
+        self,
+        step: str,
+        at: dt.datetime,
+        observed: list[dict[str, Any]] | None = None,
+        **detail: Any,
+    ) -> None:
+        """A step the run's journal tells of, not one this holder took: it happened at
+        ``at`` (the database's clock), as an earlier holder's claim of the run."""
+        entry: dict[str, Any] = {
+            "step": step,
+            "at": at.astimezone(dt.UTC).isoformat(timespec="milliseconds"),
         }
         entry.update(jsonable({k: v for k, v in detail.items() if v is not None}))
         if observed:

@@ -95,7 +95,7 @@ class RunExecutor:
         self.crash = crash or CrashPoints(None)
         self.writes = Writes(store, worker_id=worker_id, metrics=metrics)
         self.calls = Calls(self.writes, limits=limits, crash=self.crash)
-        self.giving_up = GivingUp(store, self.writes, worker_id=worker_id)
+        self.giving_up = GivingUp(store, self.writes, self.calls, worker_id=worker_id)
 
     # -- entry -----------------------------------------------------------------------
 
@@ -167,8 +167,13 @@ class RunExecutor:
         stalled = active.loaded.stalled_claims
         active.failover_turn = active.loaded.failover_turn
         if stalled > self.limits.max_stalled_claims:
-            await self.giving_up.crash_loop(active, stalled)
-            return
+            flow = self.flows[f"{c.flow}@{c.flow_version}"]
+            # lookups only at the first claim over the limit: a lookup that kills the
+            # worker must not keep the run from being given up at the next one
+            first = stalled == self.limits.max_stalled_claims + 1
+            if not await self.giving_up.crash_loop(active, flow, stalled, look_up=first):
+                return
+            active.loaded = None  # a lookup settled a call: the journal is read anew
         try:
             for what, value in (("input", c.input), ("state", c.state)):
                 found = poison.in_value(value, what)

@@ -295,6 +295,10 @@ DECLARE
     -- before their leases expire)
     v_lock bigint;
     v_gone bigint[] := '{}';
+    -- the claimer's process as its worker registered it (workers.process), recorded in
+    -- each claim's event: the process that holds the lease, and sends under its token
+    -- (call_sender)
+    v_process jsonb;
     -- the planner settings of the claim statement, restored after it
     v_plan_cache_mode text := pg_catalog.current_setting('plan_cache_mode');
     v_jit text := pg_catalog.current_setting('jit');
@@ -318,7 +322,10 @@ BEGIN
     -- how this session's commits are acknowledged, for the next failover to judge by
     PERFORM runledger._note_commit_guarantee(p_worker_id, v_now, v_timeline);
     -- session locks
-    SELECT w.session_lock INTO v_lock FROM runledger.workers w
+    SELECT w.session_lock,
+           CASE WHEN w.process IS NOT NULL THEN jsonb_build_object('process', w.process)
+                ELSE '{}'::jsonb END
+    INTO v_lock, v_process FROM runledger.workers w
     WHERE w.worker_id = p_worker_id AND w.stopped_at IS NULL;
     -- A claimer whose own listener session has ended claims nothing: its process died
     -- (or fenced itself) while this statement was on its way, and the server runs a
@@ -456,7 +463,8 @@ BEGIN
     LOOP
         IF v_claim.takeover THEN
             -- holder: why the run could be taken, 'expired' or
-            -- 'session_ended' (the lease still ran, the holder's session had ended)
+            -- 'session_ended' (the lease still ran, the holder's session had ended);
+            -- process (both kinds): the claimer's, when its worker registered one
             PERFORM runledger._event(v_claim.run_id, 'takeover', p_worker_id,
                 v_claim.fencing_token, v_claim.state_version,
                 jsonb_build_object('lease_id', v_claim.lease_id,
@@ -465,13 +473,15 @@ BEGIN
                                    'previous_token', v_claim.old_token,
                                    'holder', CASE WHEN v_claim.old_expires_at <= v_now
                                                   THEN 'expired' ELSE 'session_ended' END,
-                                   'previous_lease_expires_at', v_claim.old_expires_at),
+                                   'previous_lease_expires_at', v_claim.old_expires_at)
+                || coalesce(v_process, '{}'::jsonb),
                 v_now);
         ELSE
             PERFORM runledger._event(v_claim.run_id, 'claimed', p_worker_id,
                 v_claim.fencing_token, v_claim.state_version,
                 jsonb_build_object('lease_id', v_claim.lease_id,
-                                   'lease_expires_at', v_claim.lease_expires_at),
+                                   'lease_expires_at', v_claim.lease_expires_at)
+                || coalesce(v_process, '{}'::jsonb),
                 v_now);
         END IF;
         run_id := v_claim.run_id;
@@ -782,9 +792,14 @@ $$;
 -- Who sent a call that is in flight, for the run's current holder before it recovers the
 -- call: the sender (worker id, token, the attempt), until when it may still be sending
 -- (NULL: it can no longer be; see _sender_until), what it said when it released the call
--- (the 'send_released' event's detail, or NULL), and the sender's process as its worker
--- registered it with the time of that registration (workers.process, started_at), for a
--- peer on the same host to check. One row; none for a call that is not dispatched.
+-- (the 'send_released' event's detail, or NULL), and the sender's process with the time
+-- it was recorded, for a peer on the same host to check. That process is the one that
+-- claimed the run under the sender's token (the 'process' of that claim's event, at the
+-- claim's time): the lease is that process's, and only it sends under the token, even
+-- when its worker id has been registered again since (the worker restarted under its own
+-- id). A claim recorded without one (its worker registered no process) leaves the
+-- process as the sender's worker registered it, with the time of that registration
+-- (workers.process, started_at). One row; none for a call that is not dispatched.
 CREATE FUNCTION runledger.call_sender(p_run_id text, p_lease_id uuid, p_fencing_token bigint,
                                       p_idempotency_key text)
 RETURNS TABLE (sender text, sender_token bigint, attempt integer, dispatched_at timestamptz,
@@ -817,8 +832,16 @@ BEGIN
         until := runledger._sender_until(p_run_id, p_idempotency_key, c.dispatched_token,
                                          c.attempts, v_lock.at);
     END IF;
-    SELECT w.process, w.started_at INTO process, registered_at
-    FROM runledger.workers w WHERE w.worker_id = c.dispatched_by;
+    -- the claim that granted the sender's token (a failover's dispatch is no claimer's)
+    SELECT e.detail ->> 'process', e.at INTO process, registered_at
+    FROM runledger.run_events e
+    WHERE e.run_id = p_run_id AND e.kind IN ('claimed', 'takeover')
+      AND e.fencing_token = c.dispatched_token AND e.actor = c.dispatched_by
+    ORDER BY e.event_id LIMIT 1;
+    IF process IS NULL THEN
+        SELECT w.process, w.started_at INTO process, registered_at
+        FROM runledger.workers w WHERE w.worker_id = c.dispatched_by;
+    END IF;
     RETURN NEXT;
 END
 $$;
