@@ -74,6 +74,25 @@ class Bouncer:
     port: int
     base: Path
     proc: subprocess.Popen[bytes]
+    binary: str = ""
+    spawn: dict[str, Any] | None = None  # how it was started (its user), to start again
+
+    def kill(self) -> None:
+        """SIGKILL: every client connection drops at once, as in a crash."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def start(self) -> None:
+        """Start it again, on its port with its settings (after :meth:`kill`)."""
+        out = (self.base / "stdout.log").open("ab")
+        self.proc = subprocess.Popen(
+            [self.binary, str(self.base / "pgbouncer.ini")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **(self.spawn or {}),
+        )
+        out.close()
 
     def url(self, database_url: str) -> str:
         """``database_url``'s database, user and parameters, through this PgBouncer."""
@@ -132,14 +151,14 @@ def pgbouncer(server_url: str, mode: str, *, pool_size: int = 100) -> Iterator[B
         **kwargs,
     )
     out.close()
-    bouncer = Bouncer(mode=mode, port=port, base=base, proc=proc)
+    bouncer = Bouncer(mode=mode, port=port, base=base, proc=proc, binary=binary, spawn=kwargs)
     try:
         probe = bouncer.url(url_with_dbname(server_url, "postgres"))
 
         def answers() -> bool:
-            if proc.poll() is not None:
+            if bouncer.proc.poll() is not None:
                 raise AssertionError(
-                    f"pgbouncer exited ({proc.returncode}): "
+                    f"pgbouncer exited ({bouncer.proc.returncode}): "
                     f"{(base / 'stdout.log').read_text(errors='replace')}{bouncer.log()}"
                 )
             try:
@@ -152,6 +171,7 @@ def pgbouncer(server_url: str, mode: str, *, pool_size: int = 100) -> Iterator[B
         wait_for(answers, timeout=30, interval=0.1, what=f"pgbouncer ({mode}) to answer")
         yield bouncer
     finally:
+        proc = bouncer.proc  # the one running now, if it was started again
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)  # immediate shutdown (SIGINT waits for clients)
             try:

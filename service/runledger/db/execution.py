@@ -328,6 +328,38 @@ class Executor:
             raise_mapped(exc, conn=conn)
             raise
 
+    async def once_aside(
+        self,
+        url: str,
+        sql: LiteralString,
+        params: Sequence[Any],
+        *,
+        timeout: float,
+    ) -> list[Row]:
+        """One statement that is safe to repeat, on a session of its own opened to ``url``
+        for it and closed after, all within ``timeout`` seconds: for when the pool is
+        failing (a pooler restarting) and a statement cannot wait for the pool to
+        reconnect. Not retried; a refusal is its runledger exception."""
+        async with asyncio.timeout(timeout):
+            options: dict[str, Any] = {
+                "connect_timeout": connect_timeout_param(timeout),
+                "application_name": "runledger-aside",
+                **tcp_settings(url),  # a vanished server fails the socket in seconds
+            }
+            conn = await psycopg.AsyncConnection.connect(
+                url,
+                autocommit=True,
+                prepare_threshold=None,  # one statement; a transaction pooler's session
+                **options,
+            )
+            try:
+                return await _send(conn, sql, params)
+            except psycopg.Error as exc:
+                raise_mapped(exc, conn=conn)
+                raise
+            finally:
+                await conn.close()
+
     async def read(
         self,
         sql: LiteralString | wire.Prepared,

@@ -74,6 +74,11 @@ T = TypeVar("T")
 MAX_REASON_CHARS = 200
 
 
+RENEW_LEASES: LiteralString = (
+    "SELECT * FROM runledger.renew_leases(%s, %s::text[], %s::uuid[], %s::interval)"
+)
+
+
 class WorkerStore:
     """The worker's side of the contract, over one :class:`Executor`."""
 
@@ -212,13 +217,21 @@ class WorkerStore:
         run_ids: Sequence[str],
         lease_ids: Sequence[uuid.UUID],
         lease: dt.timedelta,
+        *,
+        aside: str | None = None,
+        timeout: float = 5.0,
     ) -> list[RenewedLease]:
+        """Renew the leases in one statement, through the pool; with ``aside`` (a URL), on
+        a session of its own opened to it instead (within ``timeout`` seconds) and closed
+        after: what the lease keeper does when the pool fails, so that a pooler that
+        restarts, or the pool's own wait before it reconnects, costs no lease."""
         check_text("worker id", worker_id)
+        params = (worker_id, list(run_ids), list(lease_ids), lease)
         sent = time.monotonic()
-        rows = await self.executor.read(
-            "SELECT * FROM runledger.renew_leases(%s, %s::text[], %s::uuid[], %s::interval)",
-            (worker_id, list(run_ids), list(lease_ids), lease),
-        )
+        if aside is None:
+            rows = await self.executor.read(RENEW_LEASES, params)
+        else:
+            rows = await self.executor.once_aside(aside, RENEW_LEASES, params, timeout=timeout)
         if rows:  # each renewed lease ends the lease after the database's now
             self.clock.measure(rows[0]["lease_expires_at"] - lease, sent, time.monotonic())
         return [

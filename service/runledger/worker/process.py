@@ -425,31 +425,13 @@ class Worker(Listening, Claiming):
             await asyncio.sleep(interval)
             _stop_if_cancelled()
             held = list(self.active.values())
-            sent = time.monotonic()
             # asyncio.timeout, not wait_for: on 3.11, wait_for returns the result of a
             # statement that completed as this task was cancelled, swallowing the cancel,
             # and this loop ends only by its cancellation (the worker's stop would wait
             # for it forever)
             try:
                 if held:
-                    # a renewal stuck (a lock, a half-open connection) must not outlive
-                    # the leases it is for; the watchdog fences meanwhile
-                    async with asyncio.timeout(interval):
-                        renewed = await self.store.renew_leases(
-                            self.worker_id,
-                            [a.run_id for a in held],
-                            [a.claim.lease_id for a in held],
-                            self.lease,
-                        )
-                    kept = {r.run_id for r in renewed}
-                    self.metrics.renewed(len(kept))
-                    for a in held:
-                        if a.run_id in kept:
-                            a.deadline = sent + self.lease_seconds - self.margin
-                        elif self.active.get(a.run_id) is a and not a.ending:
-                            # not one that just finished (its task is still unwinding), nor
-                            # one whose final write is on its way
-                            self._fence(a, "lease not renewed")
+                    await self._renew(held, interval)
                 beat = time.monotonic()
                 async with asyncio.timeout(interval):
                     # refused once another process took the id (it was silent too long)
@@ -459,8 +441,66 @@ class Worker(Listening, Claiming):
                 self._vouched(beat)
             except errors.WorkerConflict as exc:
                 raise WorkerIdTaken(conflict_message(self.worker_id, exc)) from exc
-            except EXPECTED:  # the watchdog fences meanwhile; anything else is a bug
-                log.exception("lease renewal failed", extra={"worker_id": self.worker_id})
+            except EXPECTED as exc:  # the watchdog fences meanwhile; anything else is a bug
+                log.warning(
+                    "lease renewal or heartbeat failed: %s",
+                    _said(exc),
+                    extra={"worker_id": self.worker_id},
+                )
+                log.debug("lease renewal or heartbeat failed", exc_info=True)
+
+    async def _renew(self, held: list[ActiveRun], interval: float) -> None:
+        """Renew every held lease in one call through the pool. When the pool fails (a
+        pooler restarting, a pooled connection broken and the pool waiting before it
+        reconnects), again on a session of its own, to the direct URL when there is one,
+        with a short back-off, until the first of the leases' local deadlines: a pooler
+        outage shorter than that costs no lease. Past it the watchdog fences."""
+        assert self.store is not None
+        until = min(a.deadline for a in held)
+        run_ids, lease_ids = [a.run_id for a in held], [a.claim.lease_id for a in held]
+        sent = time.monotonic()
+        try:
+            # a renewal stuck (a lock, a half-open connection) must not outlive the
+            # leases it is for
+            async with asyncio.timeout(max(0.0, min(interval, until - sent))):
+                renewed = await self.store.renew_leases(
+                    self.worker_id, run_ids, lease_ids, self.lease
+                )
+        except EXPECTED as exc:
+            aside = self.direct_url or self.database_url
+            log.warning(
+                "lease renewal through the pool failed (%s): renewing on a session of its own",
+                _said(exc),
+                extra={"worker_id": self.worker_id, "runs": len(held)},
+            )
+            delay = 0.05
+            while True:
+                left = until - time.monotonic()
+                if left <= 0:
+                    raise
+                sent = time.monotonic()
+                try:
+                    renewed = await self.store.renew_leases(
+                        self.worker_id, run_ids, lease_ids, self.lease, aside=aside, timeout=left
+                    )
+                    break
+                except EXPECTED as again:
+                    log.debug("lease renewal aside failed: %s", _said(again))
+                await asyncio.sleep(min(delay, max(0.0, until - time.monotonic())))
+                delay = min(delay * 2, 0.5)
+            log.info(
+                "leases renewed on a session of their own",
+                extra={"worker_id": self.worker_id, "runs": len(renewed)},
+            )
+        kept = {r.run_id for r in renewed}
+        self.metrics.renewed(len(kept))
+        for a in held:
+            if a.run_id in kept:
+                a.deadline = sent + self.lease_seconds - self.margin
+            elif self.active.get(a.run_id) is a and not a.ending:
+                # not one that just finished (its task is still unwinding), nor one whose
+                # final write is on its way
+                self._fence(a, "lease not renewed")
 
     async def _checkpointer(self) -> None:
         """A checkpoint of the event chains every :data:`CHECKPOINT_EVERY` s, made by
@@ -518,6 +558,12 @@ class Worker(Listening, Claiming):
         if active.task is not None and not active.task.done():
             active.fenced = active.fenced or why
             active.task.cancel()
+
+
+def _said(exc: BaseException) -> str:
+    """``Type: message`` on one line (a timeout has no message)."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _stop_if_cancelled() -> None:
