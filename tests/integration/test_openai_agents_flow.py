@@ -15,8 +15,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from agents import Agent, set_tracing_disabled
+from agents import Agent, RunContextWrapper, default_tool_error_function, set_tracing_disabled
 from agents.agent_output import AgentOutputSchemaBase
+from agents.exceptions import ModelBehaviorError
 from agents.handoffs import Handoff
 from agents.items import ModelResponse, TResponseInputItem, TResponseOutputItem
 from agents.model_settings import ModelSettings
@@ -39,7 +40,10 @@ pytestmark = pytest.mark.timeout(60)
 os.environ.setdefault("OPENAI_API_KEY", "sk-test-not-used")  # nothing here reaches OpenAI
 set_tracing_disabled(True)
 
-ERROR = "An error occurred while running the tool. Please try again."  # the SDK's default
+
+def sdk_failure(error: Exception) -> str:
+    """What the installed SDK shows the model for a tool's ``error`` by default."""
+    return str(default_tool_error_function(RunContextWrapper(context=None), error))
 
 
 def text(value: str, id: str) -> ResponseOutputMessage:
@@ -246,7 +250,8 @@ async def test_each_model_request_is_one_journaled_turn(db: Db, start_worker: St
     for c in calls:
         if c["status"] == "succeeded":
             assert sent[c["provider_id"]] == c["result"] == provider.results[c["idempotency_key"]]
-    assert sent["call_3"] == sent["call_4"] == ERROR
+    assert sent["call_3"] == sdk_failure(ModelBehaviorError("the arguments did not validate"))
+    assert sent["call_4"] == sdk_failure(ConnectionError("the order service is down"))
 
 
 async def test_after_a_restart_the_recorded_turn_is_not_asked_again(

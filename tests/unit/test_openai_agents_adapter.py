@@ -26,6 +26,7 @@ from agents import (
     RunContextWrapper,
     Runner,
     WebSearchTool,
+    default_tool_error_function,
     function_tool,
     input_guardrail,
     set_tracing_disabled,
@@ -80,7 +81,6 @@ SAFETY = {
     "charge": "lookup",
     "send_email": "unsafe",
 }
-ERROR = "An error occurred while running the tool. Please try again."  # the SDK's default
 
 
 # -- a scripted model --------------------------------------------------------------------
@@ -459,15 +459,18 @@ async def test_the_model_sees_what_a_plain_runner_run_sends() -> None:
     # the tool got the runledger key, and the key as its SDK tool_call_id
     assert shop.keys == ["run-1:0:c2"] and shop.tool_call_ids == ["run-1:0:c2"]
     assert plain_shop.keys == [None] and plain_shop.tool_call_ids == ["call_c"]
-    # the failures are what Runner.run shows: the default failure message
+    # each result and each failure is what Runner.run sent: the installed SDK's own
+    # default failure message for the two failed calls, whatever its wording
     outputs = {i["call_id"]: i["output"] for i in journaled.seen[2].input if "output" in i}
+    assert outputs == {i["call_id"]: i["output"] for i in plain.seen[2].input if "output" in i}
+    failed = default_tool_error_function(RunContextWrapper(context=None), RuntimeError("x"))
     assert outputs == {
         "call_a": "{'order_id': 'o-1', 'total': 30}",  # str() of the return value, as the SDK
-        "call_b": ERROR,
+        "call_b": failed,
         "call_c": "T-refund",
         "call_d": "{'charged': 30}",
         "call_e": "sent",
-        "call_f": ERROR,
+        "call_f": failed,
     }
     assert all(r.retries_off and r.tracing is ModelTracing.DISABLED for r in journaled.seen)
 
@@ -545,16 +548,19 @@ async def test_a_failure_reaches_the_model_through_the_tools_failure_function() 
 
 
 async def test_a_call_failed_by_runledger_is_shown_as_the_sdk_shows_a_failure() -> None:
+    """A call runledger failed (a lookup that found nothing) reaches the model as a plain
+    ``Runner.run`` shows a failure of the same tool: what the installed SDK sends."""
+    plain = Scripted([[call("send_email", {"to": "a@b.invalid"}, "call_1")], [text("ok")]])
+    await Runner.run(build_agent(plain), "x", context=Shop("T"))  # the tool raises
     script = Scripted([[call("send_email", {"to": "a@b"}, "call_1")], [text("ok")]])
     flow = make_flow(build_agent(script), Shop("T"))
     nothing = {"reason": "lookup found nothing", "attempts": 3}
     driven = await drive(flow, {"prompt": "x"}, fail=lambda turn, call_id: nothing)
     assert driven.history[0].calls[0].status == "failed"
-    assert script.seen[1].input[-1] == {
-        "call_id": "call_1",
-        "output": ERROR,
-        "type": "function_call_output",
-    }
+    failed = default_tool_error_function(RunContextWrapper(context=None), RuntimeError())
+    shown = {"call_id": "call_1", "output": failed, "type": "function_call_output"}
+    assert plain.seen[1].input[-1] == shown  # what the plain run sent for its failed call
+    assert script.seen[1].input[-1] == shown
 
 
 GIVEN_UP = (
@@ -564,9 +570,9 @@ GIVEN_UP = (
 
 
 async def test_an_abandoned_call_is_shown_as_given_up_not_as_an_error_to_retry() -> None:
-    """``runledger resolve KEY abandoned``: the email may have gone out. The SDK's "An error
-    occurred ... Please try again." would have the model send it again, without the
-    operator's note."""
+    """``runledger resolve KEY abandoned``: the email may have gone out. The SDK's failure
+    message ("An error occurred while running the tool.") would have the model send it
+    again, without the operator's note."""
     script = Scripted([[call("send_email", {"to": "a@b"}, "call_1")], [text("ok")]])
     flow = make_flow(build_agent(script), Shop("T"))
     abandoned = {"reason": "abandoned", "note": "called the customer"}

@@ -340,6 +340,36 @@ async def test_the_model_sees_what_a_plain_agent_run_sends() -> None:
     ]
 
 
+async def test_validation_errors_are_shown_as_the_installed_pydantic_ai_renders_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the model is shown for arguments that fail validation is made by Pydantic AI
+    itself, never by a copy of its rules: here Pydantic AI is made to render the details
+    its own way, and the journaled run shows them as the plain run does."""
+    from pydantic_ai import messages
+
+    rendered = messages._dump_error_details
+
+    def marked(errors: Any) -> list[dict[str, Any]]:
+        return [{**detail, "rendered_by": "pydantic_ai"} for detail in rendered(errors)]
+
+    monkeypatch.setattr(messages, "_dump_error_details", marked)
+    plain = Script(three_turns())
+    await build_agent(FunctionModel(plain)).run("Refund order o-1", deps=Deps("T"))
+    journaled = Script(three_turns())
+    await drive(make_flow(build_agent(FunctionModel(journaled)), Deps("T")), {"prompt": "x"})
+
+    def invalid(request: ModelMessage) -> ToolReturnPart:
+        assert isinstance(request, ModelRequest)
+        [part] = [p for p in request.parts if getattr(p, "tool_name", None) == "create_ticket"]
+        assert isinstance(part, ToolReturnPart) and part.outcome == "retried"
+        return part
+
+    ours, theirs = invalid(journaled.seen[1][-1]), invalid(plain.seen[1][-1])
+    assert ours.content == theirs.content
+    assert [detail["rendered_by"] for detail in ours.content] == ["pydantic_ai"]
+
+
 async def test_a_decision_carries_calls_provider_ids_record_and_output() -> None:
     flow = make_flow(build_agent(FunctionModel(Script(three_turns()))), Deps("T"))
     driven = await drive(flow, {"prompt": "Refund order o-1"})

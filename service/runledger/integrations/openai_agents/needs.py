@@ -28,7 +28,13 @@ from agents.tool import (
 from agents.tool_context import ToolContext
 
 from runledger.integrations._flows import Need, has_fields, require, takes
-from runledger.integrations.openai_agents.tools import is_sync, unsupported_tool
+from runledger.integrations._mcp import run_aside
+from runledger.integrations.openai_agents.tools import (
+    is_sync,
+    rejected_arguments,
+    sdk_context,
+    unsupported_tool,
+)
 
 ADAPTER = "OpenAI Agents SDK"
 DISTRIBUTION = "openai-agents"
@@ -53,6 +59,35 @@ def _tells_agent_tools_apart() -> bool:
     return (unsupported_tool(tool) or "").startswith("an agent as a tool") and (
         unsupported_tool(function_tool(_async_probe)) is None
     )
+
+
+def _tells_rejected_arguments_apart() -> bool:
+    """Arguments that do not validate fail the call before the function runs, with the
+    error the adapter reads as "certainly no effect"; an exception of the function is not
+    read so."""
+    ran: list[int] = []
+
+    @function_tool(failure_error_function=None)
+    def probe(x: int) -> int:
+        """A tool for the check."""
+        ran.append(x)
+        raise RuntimeError("the function ran")
+
+    agent: Agent[Any] = Agent(name="probe")
+
+    async def outcomes() -> list[bool]:
+        seen = []
+        for arguments in ('{"x": "not a number"}', '{"x": 1}'):
+            ctx = sdk_context(agent, probe, None, "probe", arguments)
+            try:
+                await probe.on_invoke_tool(ctx, arguments)
+            except Exception as exc:
+                seen.append(rejected_arguments(probe, exc))
+            else:
+                seen.append(False)
+        return seen
+
+    return run_aside("the argument check", outcomes) == [True, False] and ran == [1]
 
 
 NEEDS: list[Need] = [
@@ -153,6 +188,11 @@ NEEDS: list[Need] = [
         "agents.tool.get_function_tool_origin(tool) to tell Agent.as_tool()'s tool by its "
         "ToolOriginType.AGENT_AS_TOOL",
         _tells_agent_tools_apart,
+    ),
+    (
+        "FunctionTool.on_invoke_tool to refuse arguments that do not validate, before the "
+        "function runs, with ModelBehaviorError('Invalid JSON input for tool NAME...')",
+        _tells_rejected_arguments_apart,
     ),
 ]
 

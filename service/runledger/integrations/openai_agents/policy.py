@@ -200,11 +200,12 @@ class AgentPolicy:
 
     async def failed_output(self, call: HistoryCall, key: str, value: Any) -> str:
         """What ``Runner.run`` shows the model for a failed call: the tool's failure function
-        applied to the failure (the SDK's default: a fixed "An error occurred" message).
+        applied to the failure (the SDK's ``default_tool_error_function`` unless the tool
+        has its own), called here: its text is the installed SDK's, never a copy.
 
         A call an operator gave up on is no failure of the tool: it may have taken effect,
-        and the SDK's "Please try again" would have the model send it again. The model is
-        told so, with the operator's note, whatever the tool's failure function."""
+        and a failure message would have the model send it again. The model is told so,
+        with the operator's note, whatever the tool's failure function."""
         given_up = abandoned(call)
         if given_up is not None:
             return given_up

@@ -84,9 +84,10 @@ async def failure_output(
     )
 
 
-def _rejected_arguments(tool: FunctionTool, exc: Exception) -> bool:
+def rejected_arguments(tool: FunctionTool, exc: Exception) -> bool:
     """The SDK refused the arguments before calling the function (bad JSON, or they do
-    not validate against the signature): certainly no effect."""
+    not validate against the signature): certainly no effect. The SDK tells such an error
+    apart by the start of its text too; ``needs.py`` checks it still does."""
     return isinstance(exc, ModelBehaviorError) and str(exc).startswith(
         f"Invalid JSON input for tool {tool.name}"
     )
@@ -116,7 +117,7 @@ class ToolRunner:
             shown = await failure_output(tool, sdk_ctx, exc)
             raise not_applied(exc.reason, shown, retry=exc.retry) from exc
         except Exception as exc:
-            if not _rejected_arguments(tool, exc):
+            if not rejected_arguments(tool, exc):
                 raise  # ambiguous: recovered by the tool's safety class
             shown = await failure_output(tool, sdk_ctx, exc)
             raise not_applied(str(exc), shown) from exc

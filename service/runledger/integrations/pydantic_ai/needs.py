@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 
+from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import RetryInfo, ToolReturnPart
@@ -16,6 +17,7 @@ from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.toolsets.function import FunctionToolsetTool
 
 from runledger.integrations._flows import Need, has_fields, require, takes
+from runledger.integrations.pydantic_ai.records import validation_content
 
 ADAPTER = "Pydantic AI"
 DISTRIBUTION = "pydantic-ai-slim"
@@ -91,7 +93,21 @@ NEEDS: list[Need] = [
             and has_fields(RetryInfo, "cause", "attempt", "max_retries")
         ),
     ),
+    (
+        "a stored 'retry-prompt' part of a tool loads as its retried ToolReturnPart (what the "
+        "model is shown for arguments that fail validation)",
+        lambda: _shows_validation_errors(),
+    ),
 ]
+
+
+def _shows_validation_errors() -> bool:
+    try:
+        TypeAdapter(int).validate_python("x")
+    except ValidationError as exc:
+        shown = validation_content(exc)
+        return isinstance(shown, list) and [d.get("loc") for d in shown] == [[]]
+    return False
 
 
 def _probe(x: int) -> int:

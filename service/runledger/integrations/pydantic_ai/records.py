@@ -10,7 +10,12 @@ from typing import Any, cast
 import pydantic_core
 from pydantic import ValidationError
 from pydantic_ai.exceptions import ModelRetry, ToolFailed
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, ToolReturn
+from pydantic_ai.messages import (
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    ToolReturn,
+    ToolReturnPart,
+)
 
 from runledger.flows import HistoryCall, NotApplied
 from runledger.integrations._history import abandoned
@@ -41,23 +46,24 @@ def tool_result(value: Any) -> Any:
     return pydantic_core.to_jsonable_python(value, fallback=str)
 
 
-def validation_content(exc: ValidationError) -> list[dict[str, Any]]:
-    """What the model is shown for arguments that fail validation, as ``agent.run`` shows
-    it: each error without its ``ctx`` (the validator's context is the application's, not
-    the model's) and the input that failed once (a later error at the top level that
-    repeats the same input leaves it out)."""
-    out: list[dict[str, Any]] = []
-    root_input: Any = None
-    seen_root = False
-    for detail in exc.errors(include_url=False, include_context=False):
-        shown = {k: v for k, v in detail.items() if k != "ctx"}
-        if len(detail.get("loc", ())) <= 1:
-            if not seen_root:
-                root_input, seen_root = detail.get("input"), True
-            elif detail.get("input") == root_input:
-                shown.pop("input", None)
-        out.append(cast(dict[str, Any], pydantic_core.to_jsonable_python(shown, fallback=str)))
-    return out
+def validation_content(exc: ValidationError) -> Any:
+    """What ``agent.run`` shows the model for arguments that fail validation, made by
+    Pydantic AI itself: the error details (``errors(include_url=False,
+    include_context=False)``, what a tool's retry is built from) loaded as a stored retry
+    prompt of a tool, which Pydantic AI turns into the retried ``ToolReturnPart`` it sends
+    (each detail without its ``ctx``, a repeated top-level ``input`` once), as JSON."""
+    details = exc.errors(include_url=False, include_context=False)
+    stored = {
+        "part_kind": "retry-prompt",
+        "content": details,
+        "tool_name": "t",
+        "tool_call_id": "t",
+    }
+    [request] = ModelMessagesTypeAdapter.validate_python([{"kind": "request", "parts": [stored]}])
+    [part] = request.parts
+    if not isinstance(part, ToolReturnPart):
+        raise TypeError(f"a stored retry prompt of a tool loaded as a {type(part).__name__}")
+    return pydantic_core.to_jsonable_python(part.content, fallback=str)
 
 
 def not_applied(kind: str, content: Any, cause: str | None = None) -> NotApplied:
