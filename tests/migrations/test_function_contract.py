@@ -356,6 +356,20 @@ CONTRACT: list[Fn] = [
         role=OPERATOR,
     ),
     Fn(
+        "prune_records",
+        [("p_before", "timestamptz"), ("p_limit", "integer")],
+        [
+            ("checkpoints", "integer"),
+            ("heads", "integer"),
+            ("carried", "integer"),
+            ("checkpoint_prunes", "integer"),
+            ("chain_prunes", "integer"),
+            ("workers", "integer"),
+            ("commit_guarantees", "integer"),
+        ],
+        role=OPERATOR,
+    ),
+    Fn(
         "checkpoint_events",
         [("p_actor", "text"), ("p_min_age", "interval")],
         [
