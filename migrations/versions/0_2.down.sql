@@ -331,7 +331,7 @@ ALTER TABLE runledger.timelines DROP COLUMN lossless, DROP COLUMN evidence;
 -- checkpoints and its indexes; the guards as 0.1 had them. A database pruned by it keeps
 -- a gap in its checkpoints that 0.1's audit reports as missing checkpoints.
 -- ---------------------------------------------------------------------------------
-DROP FUNCTION runledger.prune_records(timestamptz, integer);
+DROP FUNCTION runledger.prune_records(timestamptz, boolean, integer);
 DROP TABLE runledger.event_checkpoint_prunes;
 DROP INDEX runledger.ix_event_chain_prunes_pruned_at;
 DROP INDEX runledger.ix_event_checkpoint_heads_run_id;

@@ -38,15 +38,6 @@ CHAIN_TABLES = (
     "event_chain_prunes",
     "event_checkpoint_prunes",
 )
-COUNTS = (
-    "checkpoints",
-    "heads",
-    "carried",
-    "checkpoint_prunes",
-    "chain_prunes",
-    "workers",
-    "commit_guarantees",
-)
 
 
 def _short_run(worker: Conn, run_id: str, *, synchronous_commit: str | None = None) -> None:
@@ -68,14 +59,20 @@ def _checkpoint(conn: Conn) -> dict[str, Any]:
     return made
 
 
-def _prune_records(operator: Conn, before: dt.datetime, limit: int) -> list[dict[str, Any]]:
-    """Batches until none reaches the limit, as `runledger prune` calls them."""
+def _prune_records(
+    operator: Conn, before: dt.datetime, limit: int, *, keep_events: bool = True
+) -> list[dict[str, Any]]:
+    """Batches until one says nothing is left, as `runledger prune` calls them."""
     batches = []
     while True:
-        got = one(operator, "SELECT * FROM runledger.prune_records(%s, %s)", (before, limit))
+        got = one(
+            operator,
+            "SELECT * FROM runledger.prune_records(%s, %s, %s)",
+            (before, keep_events, limit),
+        )
         assert got is not None
         batches.append(got)
-        if all(got[c] < limit for c in COUNTS if c != "heads"):
+        if not got["more"]:
             return batches
 
 
@@ -219,24 +216,37 @@ def test_hundreds_of_checkpoints_shrink_to_a_bound_and_the_chains_still_verify(
         "the checkpoint was pruned by retention (checkpoints 1-120"
     )
 
-    # Round 2: 150 more, and the same prune: the tables come back to the same bound.
+    # Round 2: 150 more, and the same prune, with events this time: the tables come back
+    # to the same bound, and r-50..r-99's kept chains go once their carrier is old.
     history(150, 299, {250: (200, False)})
     grown = _sizes(admin_conn)
     assert grown["event_checkpoints"] == after["event_checkpoints"] + 150
     newest = scalar(admin_conn, "SELECT max(checkpoint_id) FROM runledger.event_checkpoints")
     cutoff = hour[270] - dt.timedelta(minutes=30)
-    batches = _prune_records(operator, cutoff, 40)
+    batches = _prune_records(operator, cutoff, 40, keep_events=False)
     again = _sizes(admin_conn)
     window, window_heads = _window(admin_conn, cutoff)
     assert window == 30
-    carried = {"live-0", "live-1", "live-2", "stuck"} | {f"r-{i}" for i in range(50, 100)}
+    carried = {"live-0", "live-1", "live-2", "stuck"}
     carried |= {f"r-{i}" for i in range(200, 270)}  # finished, not pruned yet
     assert _carried(admin_conn, newest) == carried
     carries = sum(1 for b in batches if b["carried"])
     assert again["event_checkpoints"] == 1 + window + carries
     assert again["event_checkpoint_heads"] == window_heads + len(carried)
-    # r-100..r-199's records: the heads of r-120..r-199 went in this prune
-    assert again["event_chain_prunes"] == 0
+    assert sum(b["chains"] for b in batches) == 50
+    kept_chains = [f"r-{i}" for i in range(50, 100)]
+    assert (
+        scalar(
+            admin_conn,
+            "SELECT count(*) FROM runledger.run_events WHERE run_id = ANY(%s)",
+            (kept_chains,),
+        )
+        == 0
+    )
+    # r-100..r-199's records went with their heads; r-50..r-99's are new: kept for now
+    assert sorted(
+        r["run_id"] for r in rows(admin_conn, "SELECT run_id FROM runledger.event_chain_prunes")
+    ) == sorted(kept_chains)
     # one record per call that pruned checkpoints; round 1's, older than the cutoff, gone
     assert again["event_checkpoint_prunes"] == sum(1 for b in batches if b["checkpoints"])
     assert again["workers"] == 1
@@ -333,7 +343,7 @@ def test_a_checkpoint_skips_while_a_prune_holds_the_checkpoints(
     _short_run(worker, "r-1")
     pruner = connect("runledger_operator")
     with pruner.transaction():
-        pruner.execute("SELECT * FROM runledger.prune_records(runledger.now(), 10)")
+        pruner.execute("SELECT * FROM runledger.prune_records(runledger.now(), true, 10)")
         worker.execute("SET statement_timeout = '5s'")  # a wait would fail the test
         made = one(worker, "SELECT * FROM runledger.checkpoint_events('w1', interval '0')")
         assert made is not None and not made["created"]
@@ -341,11 +351,23 @@ def test_a_checkpoint_skips_while_a_prune_holds_the_checkpoints(
 
 
 @pytest.mark.parametrize(
-    ("before", "limit"),
-    [("NULL", "10"), ("now()", "0"), ("now()", "10001"), ("now()", "NULL")],
+    ("before", "keep", "limit"),
+    [
+        ("NULL", "true", "10"),
+        ("now()", "NULL", "10"),
+        ("now()", "true", "0"),
+        ("now()", "true", "10001"),
+        ("now()", "true", "NULL"),
+    ],
 )
 def test_bad_arguments_are_refused_and_nothing_is_deleted(
-    before: str, limit: str, worker: Conn, operator: Conn, admin_conn: Conn, db_clock: DbClock
+    before: str,
+    keep: str,
+    limit: str,
+    worker: Conn,
+    operator: Conn,
+    admin_conn: Conn,
+    db_clock: DbClock,
 ) -> None:
     _short_run(worker, "r-0")
     _checkpoint(worker)
@@ -355,11 +377,11 @@ def test_bad_arguments_are_refused_and_nothing_is_deleted(
     sizes = _sizes(admin_conn)
     with sqlstate("RL006"):
         operator.execute(
-            f"SELECT * FROM runledger.prune_records({before}, {limit}::integer)"  # type: ignore[arg-type]
+            f"SELECT * FROM runledger.prune_records({before}, {keep}::boolean, {limit}::integer)"  # type: ignore[arg-type]
         )
     assert _sizes(admin_conn) == sizes
 
 
 def test_a_worker_may_not_prune_records(worker: Conn) -> None:
     with sqlstate("42501"):
-        worker.execute("SELECT * FROM runledger.prune_records(now(), 10)")
+        worker.execute("SELECT * FROM runledger.prune_records(now(), true, 10)")

@@ -357,15 +357,17 @@ CONTRACT: list[Fn] = [
     ),
     Fn(
         "prune_records",
-        [("p_before", "timestamptz"), ("p_limit", "integer")],
+        [("p_before", "timestamptz"), ("p_keep_events", "boolean"), ("p_limit", "integer")],
         [
             ("checkpoints", "integer"),
             ("heads", "integer"),
             ("carried", "integer"),
+            ("chains", "integer"),
             ("checkpoint_prunes", "integer"),
             ("chain_prunes", "integer"),
             ("workers", "integer"),
             ("commit_guarantees", "integer"),
+            ("more", "boolean"),
         ],
         role=OPERATOR,
     ),

@@ -124,7 +124,7 @@ BEGIN
             runledger.retry_run(text, text),
             runledger.prune_runs(timestamptz, boolean),
             runledger.prune_runs_v2(timestamptz, boolean, integer),
-            runledger.prune_records(timestamptz, integer)
+            runledger.prune_records(timestamptz, boolean, integer)
         TO runledger_operator;
     END IF;
 END
