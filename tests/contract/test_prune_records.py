@@ -385,3 +385,44 @@ def test_bad_arguments_are_refused_and_nothing_is_deleted(
 def test_a_worker_may_not_prune_records(worker: Conn) -> None:
     with sqlstate("42501"):
         worker.execute("SELECT * FROM runledger.prune_records(now(), true, 10)")
+
+
+def test_the_gap_after_checkpoint_0_passes_only_as_recorded(
+    worker: Conn, operator: Conn, admin_conn: Conn, database_url: str, db_clock: DbClock
+) -> None:
+    """audit accepts the checkpoints retention deleted by its record alone: a record
+    changed, or removed, and the first checkpoint kept is named."""
+    for i in range(4):
+        _short_run(worker, f"r-{i}")
+        _checkpoint(worker)
+        db_clock.advance(HOUR)
+    _prune_records(operator, db_clock.now() - dt.timedelta(minutes=150), 10)
+    first = scalar(
+        admin_conn,
+        "SELECT min(checkpoint_id) FROM runledger.event_checkpoints WHERE checkpoint_id > 0",
+    )
+    assert first == 3  # 1 and 2 went (r-0's and r-1's heads carried into checkpoint 5)
+    assert _broken(database_url) == {}
+    admin_conn.execute(
+        "ALTER TABLE runledger.event_checkpoint_prunes"
+        " DISABLE TRIGGER tg_event_checkpoint_prunes_guard"
+    )
+    try:
+        admin_conn.execute("UPDATE runledger.event_checkpoint_prunes SET digest = '\\x00'")
+        (row,) = _broken(database_url)["checkpoint_chain_broken"]
+        assert (row["checkpoint_id"], row["problem"]) == (
+            3,
+            "its previous digest is not the digest of the last checkpoint pruned before it "
+            "(event_checkpoint_prunes)",
+        )
+        admin_conn.execute("DELETE FROM runledger.event_checkpoint_prunes")
+        (row,) = _broken(database_url)["checkpoint_chain_broken"]
+        assert (row["checkpoint_id"], row["problem"]) == (
+            3,
+            "the checkpoints before it are missing",
+        )
+    finally:
+        admin_conn.execute(
+            "ALTER TABLE runledger.event_checkpoint_prunes"
+            " ENABLE ALWAYS TRIGGER tg_event_checkpoint_prunes_guard"
+        )
