@@ -418,3 +418,57 @@ BEGIN
 END
 $$;
 ALTER TABLE runledger.workers DROP COLUMN clock_offset;
+
+-- ---------------------------------------------------------------------------------
+-- Back from the retention of the records: without prune_records, its record of pruned
+-- checkpoints and its indexes; the guards as 0.1 had them. A database pruned by it keeps
+-- a gap in its checkpoints that 0.1's audit reports as missing checkpoints.
+-- ---------------------------------------------------------------------------------
+DROP FUNCTION runledger.prune_records(timestamptz, boolean, integer);
+DROP TABLE runledger.event_checkpoint_prunes;
+DROP INDEX runledger.ix_event_chain_prunes_pruned_at;
+DROP INDEX runledger.ix_event_checkpoint_heads_run_id;
+
+CREATE OR REPLACE FUNCTION runledger._guard_failover_record() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF NOT pg_has_role(current_user,
+                       (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID), 'USAGE') THEN
+        RAISE EXCEPTION USING ERRCODE = 'RL007',
+            MESSAGE = format('%s is written only by runledger''s claims (%s refused for %s)',
+                             TG_TABLE_NAME, TG_OP, current_user);
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'failover_runs' THEN
+        IF runledger._prune_authorized() THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'RL007',
+        MESSAGE = format('%s is append-only (%s refused)', TG_TABLE_NAME, TG_OP),
+        HINT = 'failover_runs rows are removed with their run, by runledger.prune_runs';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION runledger._guard_event_chain() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'INSERT' AND (TG_TABLE_NAME <> 'event_chain_prunes'
+                             OR runledger._prune_authorized()) THEN
+        RETURN NEW;
+    END IF;
+    PERFORM runledger._raise('RL007',
+        format('%s is append-only (%s refused)', TG_TABLE_NAME, TG_OP), NULL,
+        CASE WHEN TG_TABLE_NAME = 'event_chain_prunes'
+             THEN 'rows are written by runledger.prune_runs only'
+             ELSE 'checkpoints are written by runledger.checkpoint_events only' END);
+    RETURN NULL;
+END
+$$;
+-- end of the retention of the records

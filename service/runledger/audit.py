@@ -17,6 +17,7 @@ from runledger.db.audit import (
     Check,
     audit_connection,
     checkpoint_digest,
+    checkpoints_pruned,
     latest_checkpoint,
     lossless_failovers,
     violations,
@@ -78,6 +79,7 @@ def audit(database_url: str, *, limit: int = 50, expect: tuple[Anchor, ...] = ()
         latest = latest_checkpoint(conn)
         lossless = lossless_failovers(conn)
         if expect:
+            pruned = checkpoints_pruned(conn)
             broken = []
             for anchor in expect:
                 found = checkpoint_digest(conn, anchor.checkpoint_id)
@@ -87,10 +89,23 @@ def audit(database_url: str, *, limit: int = 50, expect: tuple[Anchor, ...] = ()
                             "checkpoint_id": anchor.checkpoint_id,
                             "expected": anchor.digest,
                             "found": found,
-                            "problem": "the checkpoint is gone"
-                            if found is None
-                            else "the checkpoint's digest differs: the history was rewritten",
+                            "problem": _anchor_problem(anchor, found, pruned),
                         }
                     )
             findings.append(Finding(ANCHOR_CHECK, broken))
     return Audit(findings, latest, lossless)
+
+
+def _anchor_problem(anchor: Anchor, found: str | None, pruned: dict[str, Any] | None) -> str:
+    """Why an anchor does not hold. One that retention pruned cannot be checked any more:
+    still a failure (the database no longer holds what it pinned), said as such."""
+    if found is not None:
+        return "the checkpoint's digest differs: the history was rewritten"
+    if pruned is not None and 0 < anchor.checkpoint_id <= pruned["through_checkpoint_id"]:
+        return (
+            f"the checkpoint was pruned by retention (checkpoints 1-"
+            f"{pruned['through_checkpoint_id']}, pruned at {pruned['pruned_at']} by "
+            f"{pruned['pruned_by']}): it can no longer be checked; keep the anchor of a "
+            "newer audit"
+        )
+    return "the checkpoint is gone"

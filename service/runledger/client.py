@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from runledger import errors
 from runledger.config import connection_settings
+from runledger.db.results import PrunedRecords
 from runledger.db.store import Store
 from runledger.flows import Flow
 from runledger.model import (
@@ -225,3 +226,10 @@ class Client:
     def prune_batch(self, before: dt.datetime, *, keep_events: bool, limit: int) -> int:
         """Delete at most ``limit`` of them, oldest first (``prune_runs_v2``)."""
         return self._run(self._store.operator.prune_batch(before, keep_events, limit))
+
+    def prune_records(self, before: dt.datetime, *, keep_events: bool, limit: int) -> PrunedRecords:
+        """Delete a batch of the records older than ``before`` that runs leave behind:
+        checkpoints of the event chains and their heads, the chains of runs already gone
+        (unless ``keep_events``), records of pruned checkpoints and chains, workers, commit
+        guarantees (``prune_records``). Call it again while ``.more``."""
+        return self._run(self._store.operator.prune_records(before, keep_events, limit))

@@ -389,6 +389,7 @@ OPERATOR_FUNCTIONS = {
     "retry_run",
     "prune_runs",
     "prune_runs_v2",
+    "prune_records",
 }
 
 

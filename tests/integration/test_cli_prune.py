@@ -125,3 +125,88 @@ def test_bad_input_is_one_usage_line_and_deletes_nothing(
         assert result.exit_code == 2, result.output
         assert "Traceback" not in result.output
         assert _runs(conn) == before
+
+
+def _count(conn: psycopg.Connection[Any], table: str) -> int:
+    row = conn.execute(f"SELECT count(*) AS n FROM runledger.{table}").fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return int(row["n"])
+
+
+def test_prune_bounds_the_chain_records_of_hundreds_of_checkpoints_and_audit_passes(
+    invoke: Any, database_url: str
+) -> None:
+    """200 runs an hour apart, each checkpointed, and a paused run from the start. A prune
+    keeping events leaves the checkpoints of the last two days and one that carries the
+    heads still pinning a chain; a later prune with --events deletes the chains kept,
+    and the chains verify throughout."""
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        ex = conn.execute
+
+        def ended(run_id: str, status: str) -> None:
+            ex("SELECT runledger.submit_run(%s, 'prune', '1', '{}'::jsonb)", (run_id,))
+            c = ex(
+                "SELECT * FROM runledger.claim_runs_v4('w', ARRAY['prune@1'], '1 hour', 1)"
+            ).fetchone()
+            assert c is not None and c["run_id"] == run_id
+            ex(
+                "SELECT runledger.finish_run(%s, %s, %s, %s, NULL, 'done')",
+                (run_id, c["lease_id"], c["fencing_token"], status),
+            )
+
+        def hours(n: int) -> None:
+            ex(
+                "UPDATE runledger.settings SET clock_offset = clock_offset + %s * interval '1h'",
+                (n,),
+            )
+
+        def checkpoint() -> None:
+            ex("SELECT * FROM runledger.checkpoint_events('test', interval '0')")
+
+        ex("SELECT runledger.register_worker_v2('w-old', 'h', 1, ARRAY['prune@1'], false)")
+        ex("SELECT runledger.heartbeat_worker('w-old', true)")
+        ended("paused", "paused")
+        for i in range(200):
+            hours(1)
+            ended(f"r-{i}", "succeeded")
+            checkpoint()
+        assert (_count(conn, "event_checkpoints"), _count(conn, "event_checkpoint_heads")) == (
+            201,
+            201,
+        )
+
+        result = invoke("prune", "--older-than", "2d", "--batch", "40", "--json")
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.output[result.output.index("{") :])
+        assert out["runs"] == 152  # r-0..r-151 finished more than 48 hours ago
+        # checkpoint 0, the last two days', and one per batch carrying the heads of the
+        # chains kept
+        assert _count(conn, "event_checkpoints") == 1 + 48 + 4
+        assert _count(conn, "event_checkpoint_heads") == 48 + 152 + 1
+        assert _count(conn, "workers") == 0
+        records = out["records"]
+        assert records["checkpoints"] == 152  # 1..152: made before the cutoff
+        assert records["carried"] == 153  # r-0..r-151 (events kept) and the paused run
+        assert (records["chains"], records["workers"]) == (0, 1)
+        assert out["record_batches"] == 4  # 40 heads a batch
+        audited = invoke("audit")
+        assert audited.exit_code == 0, audited.output
+
+        hours(72)
+        ended("r-late", "succeeded")
+        checkpoint()
+        again = invoke("prune", "--older-than", "2d", "--events")
+        assert again.exit_code == 0, again.output
+        lines = again.output.splitlines()
+        assert lines[0].startswith("pruned 48 run(s)")  # r-152..r-199
+        assert lines[1].startswith("pruned 52 checkpoint(s) of the event chains made before ")
+        assert "(1 still pinning a chain, carried into a new checkpoint)" in lines[1]
+        assert "the events of 152 run(s) pruned earlier" in lines[1]
+        # checkpoint 0, r-late's, and the one carrying the paused run's head
+        assert _count(conn, "event_checkpoints") == 3
+        assert _count(conn, "event_checkpoint_heads") == 2
+        left = conn.execute("SELECT DISTINCT run_id FROM runledger.run_events ORDER BY 1")
+        assert [r["run_id"] for r in left] == ["paused", "r-late"]
+        assert _count(conn, "event_chain_prunes") == 200  # made now: kept for two days
+        audited = invoke("audit")
+        assert audited.exit_code == 0, audited.output

@@ -361,6 +361,22 @@ CONTRACT: list[Fn] = [
         role=OPERATOR,
     ),
     Fn(
+        "prune_records",
+        [("p_before", "timestamptz"), ("p_keep_events", "boolean"), ("p_limit", "integer")],
+        [
+            ("checkpoints", "integer"),
+            ("heads", "integer"),
+            ("carried", "integer"),
+            ("chains", "integer"),
+            ("checkpoint_prunes", "integer"),
+            ("chain_prunes", "integer"),
+            ("workers", "integer"),
+            ("commit_guarantees", "integer"),
+            ("more", "boolean"),
+        ],
+        role=OPERATOR,
+    ),
+    Fn(
         "checkpoint_events",
         [("p_actor", "text"), ("p_min_age", "interval")],
         [

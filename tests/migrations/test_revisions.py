@@ -90,6 +90,7 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_database_url: str) -> None:
         "event_checkpoints",  # revision 0016
         "event_checkpoint_heads",
         "event_chain_prunes",
+        "event_checkpoint_prunes",  # revision 0.2
     }
     views = {name for name, kind in first["tables"] if kind == "VIEW"}
     assert views == {"run_timeline", "effect_ledger", "lease_history"}

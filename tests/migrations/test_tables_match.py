@@ -38,6 +38,7 @@ TABLES = {
     "event_checkpoints",  # revision 0016
     "event_checkpoint_heads",
     "event_chain_prunes",
+    "event_checkpoint_prunes",  # revision 0.2
 }
 
 

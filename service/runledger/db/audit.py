@@ -148,16 +148,29 @@ CHAIN_CHECKS: tuple[Check, ...] = (
                  WHERE p.run_id = h.run_id AND p.last_event_id >= h.event_id))
            ORDER BY h.checkpoint_id, h.run_id""",
     ),
+    # A gap after checkpoint 0 is no break when runledger.prune_records made it: its newest
+    # record in event_checkpoint_prunes says every checkpoint from 1 through the one before
+    # the gap's end was pruned, and holds the digest of that last one, which the first
+    # checkpoint kept must chain over.
     Check(
         "checkpoint_chain_broken",
-        "the checkpoints are numbered without a gap from 0 and each digest chains over the "
-        "previous one and its own heads (none removed, changed or forged)",
+        "the checkpoints are numbered without a gap from 0 (but the oldest ones that "
+        "retention pruned, recorded in event_checkpoint_prunes) and each digest chains over "
+        "the previous one and its own heads (none removed, changed or forged)",
         """SELECT z.checkpoint_id, z.problem FROM (
              SELECT k.checkpoint_id,
-                    CASE WHEN k.checkpoint_id <> coalesce(k.prior_id OPERATOR(pg_catalog.+) 1, 0)
-                         THEN 'the checkpoints before it are missing'
-                         WHEN k.previous_digest IS DISTINCT FROM k.prior_digest
+                    CASE WHEN k.checkpoint_id = coalesce(k.prior_id OPERATOR(pg_catalog.+) 1, 0)
+                              AND k.previous_digest IS DISTINCT FROM k.prior_digest
                          THEN 'its previous digest is not the digest of the checkpoint before it'
+                         WHEN k.checkpoint_id <> coalesce(k.prior_id OPERATOR(pg_catalog.+) 1, 0)
+                              AND (k.prior_id IS DISTINCT FROM 0
+                                   OR k.pruned_through IS DISTINCT FROM
+                                      k.checkpoint_id OPERATOR(pg_catalog.-) 1)
+                         THEN 'the checkpoints before it are missing'
+                         WHEN k.checkpoint_id <> coalesce(k.prior_id OPERATOR(pg_catalog.+) 1, 0)
+                              AND k.previous_digest IS DISTINCT FROM k.pruned_digest
+                         THEN 'its previous digest is not the digest of the last checkpoint '
+                              'pruned before it (event_checkpoint_prunes)'
                          WHEN k.digest IS DISTINCT FROM pg_catalog.sha256(
                                   coalesce(k.previous_digest, ''::bytea) OPERATOR(pg_catalog.||)
                                   pg_catalog.convert_to(k.checkpoint_id::text || ' '
@@ -175,8 +188,12 @@ CHAIN_CHECKS: tuple[Check, ...] = (
                            FROM runledger.event_checkpoint_heads h
                            WHERE h.checkpoint_id = c.checkpoint_id) AS heads,
                           (SELECT count(*) FROM runledger.event_checkpoint_heads h
-                           WHERE h.checkpoint_id = c.checkpoint_id) AS n
-                   FROM runledger.event_checkpoints c) k) z
+                           WHERE h.checkpoint_id = c.checkpoint_id) AS n,
+                          p.through_checkpoint_id AS pruned_through, p.digest AS pruned_digest
+                   FROM runledger.event_checkpoints c
+                   LEFT JOIN (SELECT x.through_checkpoint_id, x.digest
+                              FROM runledger.event_checkpoint_prunes x
+                              ORDER BY x.through_checkpoint_id DESC LIMIT 1) p ON true) k) z
            WHERE z.problem IS NOT NULL
            ORDER BY z.checkpoint_id""",
     ),
@@ -216,6 +233,16 @@ def lossless_failovers(conn: psycopg.Connection[Row]) -> list[Row]:
         " t.affected_runs, t.evidence FROM runledger.timelines t"
         " WHERE t.position > 1 AND t.lossless ORDER BY t.position"
     ).fetchall()
+
+
+def checkpoints_pruned(conn: psycopg.Connection[Row]) -> Row | None:
+    """The newest record of the checkpoints retention deleted (every one from 1 through
+    ``through_checkpoint_id``); None when none was."""
+    return conn.execute(
+        "SELECT p.through_checkpoint_id, p.through_at, p.pruned_at, p.pruned_by"
+        " FROM runledger.event_checkpoint_prunes p"
+        " ORDER BY p.through_checkpoint_id DESC LIMIT 1"
+    ).fetchone()
 
 
 def checkpoint_digest(conn: psycopg.Connection[Row], checkpoint_id: int) -> str | None:

@@ -19,9 +19,11 @@ from runledger.db.execution import Executor
 from runledger.db.landed import ReadBacks
 from runledger.db.results import (
     DECIDED_STATUS,
+    PRUNED_RECORD_COUNTS,
     RESOLVED_STATUS,
     Decided,
     Pruned,
+    PrunedRecords,
     Requeued,
     Resolved,
 )
@@ -200,6 +202,21 @@ class OperatorStore:
             "SELECT runledger.prune_runs_v2(%s, %s, %s) AS pruned", (before, keep_events, limit)
         )
         return int(rows[0]["pruned"])
+
+    async def prune_records(
+        self, before: dt.datetime, keep_events: bool, limit: int
+    ) -> PrunedRecords:
+        """One batch of the retention of what runs leave behind (``prune_records``): the
+        checkpoints made before ``before`` (at most ``limit`` heads) with their heads, the
+        chains of runs already gone unless ``keep_events``, and at most ``limit`` each of
+        the records of pruned checkpoints and chains, workers gone since, old commit
+        guarantees. Call again while ``more``. Safe to repeat, as :meth:`prune_batch`."""
+        rows = await self.executor.read(
+            "SELECT * FROM runledger.prune_records(%s, %s, %s)", (before, keep_events, limit)
+        )
+        row = rows[0]
+        counts = {f: int(row[f]) for f in PRUNED_RECORD_COUNTS}
+        return PrunedRecords(**counts, more=bool(row["more"]))
 
     async def prune_runs(self, before: dt.datetime, keep_events: bool) -> int:
         """How many finished runs were deleted. Counted before sending, so that a prune

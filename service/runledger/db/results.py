@@ -110,6 +110,41 @@ class Pruned:
     runs: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrunedRecords:
+    """What ``prune_records`` deleted: checkpoints of the event chains and their heads
+    (``carried`` of them copied into a new checkpoint: they still pin a chain), the event
+    chains of runs already gone (``chains``), the records of pruned checkpoints and of
+    pruned chains, workers, commit guarantees. ``more``: the call left some to delete."""
+
+    checkpoints: int = 0
+    heads: int = 0
+    carried: int = 0
+    chains: int = 0
+    checkpoint_prunes: int = 0
+    chain_prunes: int = 0
+    workers: int = 0
+    commit_guarantees: int = 0
+    more: bool = False
+
+    def __add__(self, other: PrunedRecords) -> PrunedRecords:
+        """The counts of both, ``more`` the later one's."""
+        counts = {f: getattr(self, f) + getattr(other, f) for f in PRUNED_RECORD_COUNTS}
+        return PrunedRecords(**counts, more=other.more)
+
+
+PRUNED_RECORD_COUNTS = (
+    "checkpoints",
+    "heads",
+    "carried",
+    "chains",
+    "checkpoint_prunes",
+    "chain_prunes",
+    "workers",
+    "commit_guarantees",
+)
+
+
 CALL_STATUS_AFTER: dict[Outcome, CallStatus] = {
     Outcome.SUCCEEDED: CallStatus.SUCCEEDED,
     Outcome.FAILED: CallStatus.FAILED,

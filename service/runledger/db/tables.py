@@ -340,6 +340,12 @@ event_checkpoint_heads: Final = Table(
     PrimaryKeyConstraint("checkpoint_id", "run_id"),
     ForeignKeyConstraint(["checkpoint_id"], [event_checkpoints.c.checkpoint_id]),
 )
+# 0.2: the heads of one run (prune_records)
+Index(
+    "ix_event_checkpoint_heads_run_id",
+    event_checkpoint_heads.c.run_id,
+    event_checkpoint_heads.c.event_id,
+)
 
 event_chain_prunes: Final = Table(
     "event_chain_prunes",
@@ -351,6 +357,24 @@ event_chain_prunes: Final = Table(
     Column("pruned_at", _tstz(), nullable=False),
     Column("pruned_by", Text, nullable=True),  # revision 0024
     PrimaryKeyConstraint("run_id", "last_event_id"),
+)
+# 0.2: retention of the records, the oldest first (prune_records)
+Index("ix_event_chain_prunes_pruned_at", event_chain_prunes.c.pruned_at)
+
+# Revision 0.2: the checkpoints prune_records deleted (the range, its last digest).
+event_checkpoint_prunes: Final = Table(
+    "event_checkpoint_prunes",
+    metadata,
+    Column("through_checkpoint_id", BigInteger, nullable=False, autoincrement=False),
+    Column("digest", LargeBinary, nullable=False),
+    Column("through_at", _tstz(), nullable=False),
+    Column("checkpoints", Integer, nullable=False),
+    Column("heads", Integer, nullable=False),
+    Column("carried", Integer, nullable=False),
+    Column("carried_into", BigInteger, nullable=True),
+    Column("pruned_at", _tstz(), nullable=False),
+    Column("pruned_by", Text, nullable=True),
+    PrimaryKeyConstraint("through_checkpoint_id"),
 )
 
 __all__ = [
@@ -364,6 +388,7 @@ __all__ = [
     "commit_guarantees",
     "event_chain_prunes",
     "event_checkpoint_heads",
+    "event_checkpoint_prunes",
     "event_checkpoints",
     "failover_runs",
     "metadata",

@@ -10,8 +10,8 @@
 --                    JSON depth limit); runledger.now(), the only clock
 --   01_tables.sql    runs, run_turns, run_calls, run_events, workers, prune_authorizations,
 --                    timelines, failover_runs, commit_guarantees (failover); event_checkpoints,
---                    event_checkpoint_heads, event_chain_prunes (the event chains);
---                    their indexes
+--                    event_checkpoint_heads, event_chain_prunes, event_checkpoint_prunes
+--                    (the event chains); their indexes
 --   02_helpers.sql   internal helpers, granted to no one: _raise; _cap (every cap on a text
 --                    or array argument); checks (_check_run_id, _check_text,
 --                    _check_worker_id, _check_lease, _check_flow, _check_json_depth,
@@ -33,8 +33,9 @@
 --   04_journal.sql   checkpoint, record_turn_v4, finish_and_claim, dispatch_call,
 --                    complete_call, complete_call_v2, complete_calls, finish_run
 --   05_operator.sql  resolve_call; approve_call, deny_call (human approval); cancel_run,
---                    retry_run, prune_runs (retention); their helpers _requeue_if_settled
---                    and _lock_awaiting_call; checkpoint_events and checkpoint 0
+--                    retry_run, prune_runs, prune_records (retention); their helpers
+--                    _requeue_if_settled and _lock_awaiting_call; checkpoint_events and
+--                    checkpoint 0
 --   06_wall.sql      the second wall: guard trigger functions, their triggers and the
 --                    functions their WHEN clauses call (_tw_*), and
 --                    the pruning authorization (_prune_authorized) that prune_runs grants itself

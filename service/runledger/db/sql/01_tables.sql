@@ -305,8 +305,10 @@ CREATE INDEX ix_run_events_run_id ON runledger.run_events (run_id, event_id);
 -- id and through_event_id, and its heads. Checkpoint 0 is written by the schema itself:
 -- the events up to its through_event_id were written before the chain began and carry
 -- no hash.
--- Append-only (06_wall.sql); an auditor who keeps a digest outside the database can tell
--- a rewritten history from the true one (runledger audit --expect).
+-- Append-only (06_wall.sql) but for retention: runledger.prune_records deletes the oldest
+-- checkpoints with their heads (never checkpoint 0, nor the newest) and records what it
+-- deleted in event_checkpoint_prunes. An auditor who keeps a digest outside the database
+-- can tell a rewritten history from the true one (runledger audit --expect).
 CREATE TABLE runledger.event_checkpoints (
     checkpoint_id bigint NOT NULL,
     at timestamptz NOT NULL,
@@ -327,9 +329,15 @@ CREATE TABLE runledger.event_checkpoint_heads (
     CONSTRAINT fk_event_checkpoint_heads_checkpoint_id_event_checkpoints FOREIGN KEY (checkpoint_id)
         REFERENCES runledger.event_checkpoints (checkpoint_id)
 );
+-- the heads of one run (runledger.prune_records: is a head the run's newest, is a
+-- pruned chain's record still needed)
+CREATE INDEX ix_event_checkpoint_heads_run_id
+    ON runledger.event_checkpoint_heads (run_id, event_id);
 -- The chains prune_runs deleted (with keep events false), one row per run:
 -- its last event and that event's hash. A checkpoint head of such a run is not missing
--- but pruned. Written only by prune_runs (the pruning authorization); append-only.
+-- but pruned. Written only by prune_runs (the pruning authorization); deleted only by
+-- prune_records, once no checkpoint head of the chain is left and the row is older than
+-- its cutoff.
 CREATE TABLE runledger.event_chain_prunes (
     run_id text NOT NULL,
     last_event_id bigint NOT NULL,
@@ -339,7 +347,30 @@ CREATE TABLE runledger.event_chain_prunes (
     pruned_by text,  -- the database login (NULL: not recorded)
     CONSTRAINT pk_event_chain_prunes PRIMARY KEY (run_id, last_event_id)
 );
+CREATE INDEX ix_event_chain_prunes_pruned_at ON runledger.event_chain_prunes (pruned_at);
+-- The checkpoints runledger.prune_records deleted, one row per call that deleted some:
+-- every checkpoint from 1 through through_checkpoint_id is gone, and digest is that
+-- checkpoint's digest, the previous_digest of the oldest checkpoint kept after
+-- checkpoint 0 (audit checks the chain from there). through_at: when that checkpoint was
+-- made. The heads it deleted that still pinned a chain left in run_events were carried
+-- into a new checkpoint, carried_into (NULL: none to carry). Written and deleted only by
+-- prune_records (the pruning authorization), which keeps the newest row and those
+-- younger than its cutoff.
+CREATE TABLE runledger.event_checkpoint_prunes (
+    through_checkpoint_id bigint NOT NULL,
+    digest bytea NOT NULL,
+    through_at timestamptz NOT NULL,
+    checkpoints integer NOT NULL,
+    heads integer NOT NULL,
+    carried integer NOT NULL,
+    carried_into bigint,
+    pruned_at timestamptz NOT NULL,
+    pruned_by text,  -- the database login
+    CONSTRAINT pk_event_checkpoint_prunes PRIMARY KEY (through_checkpoint_id)
+);
 
+-- One row per worker id (a process's, by default): prune_records deletes those whose last
+-- heartbeat is older than its cutoff, unless a running run or a call in flight names them.
 CREATE TABLE runledger.workers (
     worker_id text NOT NULL,
     hostname text NOT NULL,
@@ -376,8 +407,8 @@ CREATE TABLE runledger.workers (
     CONSTRAINT pk_workers PRIMARY KEY (worker_id)
 );
 
--- The pruning authorization (see 06_wall.sql): runledger.prune_runs writes the id of its
--- own transaction here, deletes, and removes the row before it returns; the delete guards
+-- The pruning authorization (see 06_wall.sql): runledger.prune_runs (and prune_records)
+-- writes the id of its own transaction here, deletes, and removes the row before it returns; the delete guards
 -- let a DELETE through only while a row for the current transaction exists. No role is
 -- granted anything on it, so a session setting or a caller cannot forge one.
 CREATE TABLE runledger.prune_authorizations (
@@ -415,7 +446,8 @@ CREATE TABLE runledger.timelines (
 -- synchronous_standby_names (the server's) other than the last row says. Read when a
 -- failover is detected, and judged then by runledger._synchronous: the evidence of
 -- whether it could lose an acknowledged commit (docs/failover.md). Append-only, like
--- timelines.
+-- timelines, but for retention: prune_records deletes the rows older than its cutoff,
+-- never the newest.
 CREATE TABLE runledger.commit_guarantees (
     position integer NOT NULL,
     synchronous_commit text NOT NULL,

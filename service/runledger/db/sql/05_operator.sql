@@ -442,3 +442,230 @@ INSERT INTO runledger.event_checkpoints (checkpoint_id, at, actor, through_event
 SELECT 0, runledger.now(), 'runledger migrate', coalesce(max(e.event_id), 0), 0, NULL,
        runledger._checkpoint_digest(NULL, 0, coalesce(max(e.event_id), 0), NULL)
 FROM runledger.run_events e;
+
+-- prune_records: retention of what the runs leave behind, in batches. Through the same
+-- authorization as prune_runs_v2 (its own row in prune_authorizations, removed before it
+-- returns), in one short transaction:
+--   * the checkpoints of the event chains made before p_before, oldest first, with their
+--     heads, at most p_limit heads a call (at least one checkpoint): never checkpoint 0
+--     (where the chains start: the events up to its through_event_id carry no hash) nor
+--     the newest (where the next checkpoint starts). A deleted head that is still the
+--     newest head of its run, of a chain no event_chain_prunes row covers, still pins a
+--     chain in run_events: with p_keep_events false, a chain whose run is gone (its events
+--     kept by an earlier prune) and whose last event is that head and older than p_before
+--     is deleted, recorded in event_chain_prunes as prune_runs_v2 does; every other such
+--     head is carried: copied into a checkpoint this call makes after the newest one (the
+--     same through_event_id, the digest formula of checkpoint_events, actor
+--     'runledger prune'), so every chain left stays pinned, and a tampered head stays
+--     visible. The deleted range and its last digest (the previous_digest of the oldest
+--     checkpoint kept after checkpoint 0) go to event_checkpoint_prunes;
+--   * at most p_limit event_checkpoint_prunes rows older than p_before, but the newest
+--     (audit reads it);
+--   * at most p_limit event_chain_prunes rows older than p_before that no checkpoint head
+--     needs any more;
+--   * at most p_limit workers whose last heartbeat (and stop) is older than p_before,
+--     holding no running run and no call in flight of an unfinished run (a sender's row
+--     tells the next holder whether its process is gone);
+--   * at most p_limit commit_guarantees rows older than p_before, but the newest: the next
+--     failover is judged by it (a timelines row keeps a copy of the row it was judged by).
+-- It holds the checkpointer's lock (key 'runledger checkpoint') for the call: a worker's
+-- checkpoint_events skips meanwhile, and a checkpoint being made is waited for. timelines
+-- and failover_runs are not touched: a timeline is added only by a failover or a restore,
+-- and failover_runs rows go with their runs (prune_runs_v2). Returns how many of each were
+-- deleted, how many heads were carried, and whether more is left to delete (more: call
+-- again). Safe to repeat.
+CREATE FUNCTION runledger.prune_records(p_before timestamptz, p_keep_events boolean,
+                                        p_limit integer)
+RETURNS TABLE (checkpoints integer, heads integer, carried integer, chains integer,
+               checkpoint_prunes integer, chain_prunes integer, workers integer,
+               commit_guarantees integer, more boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, runledger, pg_temp
+AS $$
+DECLARE
+    v_txid bigint;
+    v_now timestamptz := runledger.now();
+    v_last runledger.event_checkpoints;
+    v_through runledger.event_checkpoints;
+    v_runs text[];
+    v_events bigint[];
+    v_hashes bytea[];
+    v_gone text[] := '{}';
+BEGIN
+    IF p_before IS NULL THEN
+        PERFORM runledger._raise('RL006', 'before must not be null', NULL, NULL);
+    END IF;
+    IF p_keep_events IS NULL THEN
+        PERFORM runledger._raise('RL006', 'keep events must be true or false', NULL, NULL);
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 10000 THEN
+        PERFORM runledger._raise('RL006',
+            format('limit must be 1-10000, got %s', coalesce(p_limit::text, 'NULL')), NULL,
+            'prune in batches: call again while more is true');
+    END IF;
+    checkpoints := 0; heads := 0; carried := 0; chains := 0; checkpoint_prunes := 0;
+    chain_prunes := 0; workers := 0; commit_guarantees := 0;
+    v_txid := txid_current();
+    INSERT INTO runledger.prune_authorizations (txid) VALUES (v_txid) ON CONFLICT DO NOTHING;
+
+    -- the checkpoints: no other checkpoint is made until this transaction ends
+    PERFORM pg_advisory_xact_lock(hashtextextended('runledger checkpoint', 0));
+    SELECT * INTO v_last FROM runledger.event_checkpoints k
+    ORDER BY k.checkpoint_id DESC LIMIT 1;
+    -- the batch: the oldest checkpoints after 0 (and before the newest), every one made
+    -- before p_before, with at most p_limit heads in all (at least one checkpoint)
+    SELECT k.* INTO v_through FROM runledger.event_checkpoints k
+    WHERE k.checkpoint_id = (
+        SELECT max(b.checkpoint_id) FROM (
+            SELECT o.checkpoint_id, bool_and(o.at < p_before) OVER w AS old,
+                   sum(o.runs) OVER w AS heads, row_number() OVER w AS n
+            FROM (SELECT x.checkpoint_id, x.at, x.runs FROM runledger.event_checkpoints x
+                  WHERE x.checkpoint_id > 0 AND x.checkpoint_id < v_last.checkpoint_id
+                  ORDER BY x.checkpoint_id LIMIT p_limit) o
+            WINDOW w AS (ORDER BY o.checkpoint_id)) b
+        WHERE b.old AND (b.heads <= p_limit OR b.n = 1));
+    IF v_through.checkpoint_id IS NOT NULL THEN
+        -- the heads that still pin a chain: each run's newest in the batch, with no later
+        -- head, of a chain no record of a pruned chain covers
+        SELECT coalesce(array_agg(n.run_id ORDER BY n.run_id), '{}'),
+               coalesce(array_agg(n.event_id ORDER BY n.run_id), '{}'),
+               coalesce(array_agg(n.hash ORDER BY n.run_id), '{}')
+        INTO v_runs, v_events, v_hashes
+        FROM (SELECT DISTINCT ON (h.run_id) h.run_id, h.event_id, h.hash
+              FROM runledger.event_checkpoint_heads h
+              WHERE h.checkpoint_id > 0 AND h.checkpoint_id <= v_through.checkpoint_id
+              ORDER BY h.run_id, h.checkpoint_id DESC) n
+        WHERE NOT EXISTS (SELECT 1 FROM runledger.event_checkpoint_heads l
+                          WHERE l.run_id = n.run_id
+                            AND l.checkpoint_id > v_through.checkpoint_id)
+          AND NOT EXISTS (SELECT 1 FROM runledger.event_chain_prunes p
+                          WHERE p.run_id = n.run_id AND p.last_event_id >= n.event_id);
+        IF NOT p_keep_events THEN
+            -- the chains kept without their run, that ended with that head before p_before
+            SELECT coalesce(array_agg(c.run_id), '{}') INTO v_gone
+            FROM unnest(v_runs, v_events, v_hashes) AS c(run_id, event_id, hash)
+            WHERE NOT EXISTS (SELECT 1 FROM runledger.runs r WHERE r.run_id = c.run_id)
+              AND EXISTS (SELECT 1 FROM (SELECT e.event_id, e.hash, e.at
+                                         FROM runledger.run_events e
+                                         WHERE e.run_id = c.run_id
+                                         ORDER BY e.event_id DESC LIMIT 1) l
+                          WHERE l.event_id = c.event_id AND l.hash = c.hash
+                            AND l.at < p_before);
+            WITH events AS (
+                DELETE FROM runledger.run_events e
+                WHERE e.run_id = ANY (v_gone)
+                  AND NOT EXISTS (SELECT 1 FROM runledger.runs r WHERE r.run_id = e.run_id)
+                RETURNING e.run_id, e.event_id, e.hash
+            )
+            INSERT INTO runledger.event_chain_prunes (run_id, last_event_id, last_hash, events,
+                                                      pruned_at, pruned_by)
+            SELECT DISTINCT ON (d.run_id) d.run_id, d.event_id, d.hash,
+                   count(*) OVER (PARTITION BY d.run_id), v_now, session_user
+            FROM events d ORDER BY d.run_id, d.event_id DESC;
+            GET DIAGNOSTICS chains = ROW_COUNT;
+        END IF;
+        WITH carry AS (
+            SELECT c.run_id, c.event_id, c.hash
+            FROM unnest(v_runs, v_events, v_hashes) AS c(run_id, event_id, hash)
+            WHERE NOT (c.run_id = ANY (v_gone))
+        ), made AS (
+            INSERT INTO runledger.event_checkpoints (checkpoint_id, at, actor,
+                through_event_id, runs, previous_digest, digest)
+            SELECT v_last.checkpoint_id + 1, v_now, 'runledger prune',
+                   v_last.through_event_id, count(*), v_last.digest,
+                   runledger._checkpoint_digest(v_last.digest, v_last.checkpoint_id + 1,
+                       v_last.through_event_id,
+                       string_agg(c.run_id || ' ' || c.event_id || ' '
+                                  || encode(c.hash, 'hex'), E'\n'
+                                  ORDER BY c.run_id COLLATE "C"))
+            FROM carry c
+            HAVING count(*) > 0
+            RETURNING 1
+        )
+        INSERT INTO runledger.event_checkpoint_heads (checkpoint_id, run_id, event_id, hash)
+        SELECT v_last.checkpoint_id + 1, c.run_id, c.event_id, c.hash
+        FROM carry c;  -- (made runs too: a WITH that writes always runs)
+        GET DIAGNOSTICS carried = ROW_COUNT;
+        DELETE FROM runledger.event_checkpoint_heads h
+        WHERE h.checkpoint_id > 0 AND h.checkpoint_id <= v_through.checkpoint_id;
+        GET DIAGNOSTICS heads = ROW_COUNT;
+        DELETE FROM runledger.event_checkpoints k
+        WHERE k.checkpoint_id > 0 AND k.checkpoint_id <= v_through.checkpoint_id;
+        GET DIAGNOSTICS checkpoints = ROW_COUNT;
+        -- the database login that pruned (session_user: this function runs as its owner)
+        INSERT INTO runledger.event_checkpoint_prunes (through_checkpoint_id, digest,
+            through_at, checkpoints, heads, carried, carried_into, pruned_at, pruned_by)
+        VALUES (v_through.checkpoint_id, v_through.digest, v_through.at, checkpoints, heads,
+                carried, CASE WHEN carried > 0 THEN v_last.checkpoint_id + 1 END, v_now,
+                session_user);
+    END IF;
+    DELETE FROM runledger.event_checkpoint_prunes p
+    WHERE p.through_checkpoint_id IN (
+        SELECT x.through_checkpoint_id FROM runledger.event_checkpoint_prunes x
+        WHERE x.pruned_at < p_before
+          AND x.through_checkpoint_id < (SELECT max(y.through_checkpoint_id)
+                                         FROM runledger.event_checkpoint_prunes y)
+        ORDER BY x.through_checkpoint_id LIMIT p_limit);
+    GET DIAGNOSTICS checkpoint_prunes = ROW_COUNT;
+
+    -- the records of pruned chains no head needs: audit passes a head whose event is gone
+    -- when such a row covers it (checkpoint_head_changed)
+    DELETE FROM runledger.event_chain_prunes p
+    USING (SELECT x.run_id, x.last_event_id FROM runledger.event_chain_prunes x
+           WHERE x.pruned_at < p_before
+             AND NOT EXISTS (SELECT 1 FROM runledger.event_checkpoint_heads h
+                             WHERE h.run_id = x.run_id AND h.event_id <= x.last_event_id)
+           ORDER BY x.pruned_at LIMIT p_limit) d
+    WHERE p.run_id = d.run_id AND p.last_event_id = d.last_event_id;
+    GET DIAGNOSTICS chain_prunes = ROW_COUNT;
+
+    -- workers gone since before the cutoff; a worker heartbeating now is skipped
+    IF EXISTS (SELECT 1 FROM runledger.workers x
+               WHERE x.heartbeat_at < p_before
+                 AND (x.stopped_at IS NULL OR x.stopped_at < p_before)) THEN
+        WITH busy AS (
+            SELECT r.lease_owner AS worker_id FROM runledger.runs r
+            WHERE r.status = 'running' AND r.lease_owner IS NOT NULL
+            UNION
+            SELECT c.dispatched_by FROM runledger.runs r
+            JOIN runledger.run_calls c ON c.run_id = r.run_id
+            WHERE r.status IN ('queued', 'running', 'paused') AND c.status = 'dispatched'
+              AND c.dispatched_by IS NOT NULL
+        )
+        DELETE FROM runledger.workers w
+        USING (SELECT x.worker_id FROM runledger.workers x
+               WHERE x.heartbeat_at < p_before
+                 AND (x.stopped_at IS NULL OR x.stopped_at < p_before)
+                 AND x.worker_id NOT IN (SELECT b.worker_id FROM busy b)
+               ORDER BY x.heartbeat_at LIMIT p_limit
+               FOR UPDATE SKIP LOCKED) d
+        WHERE w.worker_id = d.worker_id;
+        GET DIAGNOSTICS workers = ROW_COUNT;
+    END IF;
+
+    -- last: a claim that records a new guarantee waits for this transaction's end
+    IF EXISTS (SELECT 1 FROM runledger.commit_guarantees x WHERE x.seen_at < p_before
+               AND x.position < (SELECT max(y.position) FROM runledger.commit_guarantees y)) THEN
+        DELETE FROM runledger.commit_guarantees g
+        WHERE g.position IN (
+            SELECT x.position FROM runledger.commit_guarantees x
+            WHERE x.seen_at < p_before
+              AND x.position < (SELECT max(y.position) FROM runledger.commit_guarantees y)
+            ORDER BY x.position LIMIT p_limit);
+        GET DIAGNOSTICS commit_guarantees = ROW_COUNT;
+    END IF;
+
+    -- more: an old checkpoint is left (the oldest after 0, not the newest), or a limit
+    -- was reached
+    more := EXISTS (SELECT 1 FROM (SELECT x.checkpoint_id, x.at
+                                   FROM runledger.event_checkpoints x
+                                   WHERE x.checkpoint_id > 0
+                                   ORDER BY x.checkpoint_id LIMIT 1) f
+                    WHERE f.at < p_before
+                      AND f.checkpoint_id < (SELECT max(y.checkpoint_id)
+                                             FROM runledger.event_checkpoints y))
+            OR greatest(checkpoint_prunes, chain_prunes, workers, commit_guarantees) >= p_limit;
+    DELETE FROM runledger.prune_authorizations a WHERE a.txid = v_txid;
+    RETURN NEXT;
+END
+$$;

@@ -5,7 +5,8 @@
 -- invariant: run as the writer, a role granted UPDATE on a table (a DBA role) would get
 -- "permission denied for function _raise" instead, since helpers are not granted.
 --
--- A DELETE passes only inside runledger.prune_runs: it writes the id of its transaction to
+-- A DELETE passes only inside runledger.prune_runs (or prune_records, for the records the
+-- runs leave behind): it writes the id of its transaction to
 -- runledger.prune_authorizations (granted to no one) and removes it before returning.
 -- No session setting stands in for that row. Who can still get past the wall: the owner
 -- of the tables and superusers (they can write the authorization themselves, or disable,
@@ -343,9 +344,17 @@ BEGIN
             RETURN OLD;
         END IF;
     END IF;
+    -- retention (prune_records): never the newest row, which the next failover is judged by
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'commit_guarantees' THEN
+        IF runledger._prune_authorized()
+           AND OLD.position < (SELECT max(g.position) FROM runledger.commit_guarantees g) THEN
+            RETURN OLD;
+        END IF;
+    END IF;
     RAISE EXCEPTION USING ERRCODE = 'RL007',
         MESSAGE = format('%s is append-only (%s refused)', TG_TABLE_NAME, TG_OP),
-        HINT = 'failover_runs rows are removed with their run, by runledger.prune_runs';
+        HINT = 'failover_runs rows are removed with their run, by runledger.prune_runs; '
+               'old commit_guarantees rows by runledger.prune_records';
 END
 $$;
 CREATE TRIGGER tg_timelines_guard BEFORE INSERT OR UPDATE OR DELETE ON runledger.timelines
@@ -370,24 +379,37 @@ CREATE TRIGGER tg_failover_runs_no_truncate BEFORE TRUNCATE ON runledger.failove
 ALTER TABLE runledger.failover_runs ENABLE ALWAYS TRIGGER tg_failover_runs_no_truncate;
 
 
--- The checkpoints of the event chains are append-only, and the record of
--- pruned chains is written only by prune_runs. No role may write these tables directly;
--- the guards stop their owner too (a superuser who disables them is caught by audit
--- against a digest kept outside the database: docs/audit.md).
+-- The checkpoints of the event chains are append-only but for retention, the record of
+-- pruned chains is written only by prune_runs, and the record of pruned checkpoints only
+-- by prune_records; rows of all four are deleted only by prune_records (checkpoint 0,
+-- where the chains start, never). No role may write these tables directly; the guards
+-- stop their owner too (a superuser who disables them is caught by audit against a
+-- digest kept outside the database: docs/audit.md).
 CREATE FUNCTION runledger._guard_event_chain() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, runledger, pg_temp
 AS $$
 BEGIN
-    IF TG_OP = 'INSERT' AND (TG_TABLE_NAME <> 'event_chain_prunes'
+    IF TG_OP = 'INSERT' AND (TG_TABLE_NAME NOT IN ('event_chain_prunes', 'event_checkpoint_prunes')
                              OR runledger._prune_authorized()) THEN
         RETURN NEW;
+    END IF;
+    IF TG_OP = 'DELETE' AND runledger._prune_authorized() THEN
+        IF TG_TABLE_NAME <> 'event_checkpoints' THEN
+            RETURN OLD;
+        END IF;
+        IF OLD.checkpoint_id <> 0 THEN
+            RETURN OLD;
+        END IF;
     END IF;
     PERFORM runledger._raise('RL007',
         format('%s is append-only (%s refused)', TG_TABLE_NAME, TG_OP), NULL,
         CASE WHEN TG_TABLE_NAME = 'event_chain_prunes'
              THEN 'rows are written by runledger.prune_runs only'
-             ELSE 'checkpoints are written by runledger.checkpoint_events only' END);
+             WHEN TG_TABLE_NAME = 'event_checkpoint_prunes'
+             THEN 'rows are written by runledger.prune_records only'
+             ELSE 'checkpoints are written by runledger.checkpoint_events only' END
+        || '; old rows are deleted by runledger.prune_records, checkpoint 0 never');
     RETURN NULL;
 END
 $$;
@@ -415,3 +437,12 @@ CREATE TRIGGER tg_event_chain_prunes_no_truncate BEFORE TRUNCATE
     ON runledger.event_chain_prunes
     FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_event_chain();
 ALTER TABLE runledger.event_chain_prunes ENABLE ALWAYS TRIGGER tg_event_chain_prunes_no_truncate;
+CREATE TRIGGER tg_event_checkpoint_prunes_guard BEFORE INSERT OR UPDATE OR DELETE
+    ON runledger.event_checkpoint_prunes
+    FOR EACH ROW EXECUTE FUNCTION runledger._guard_event_chain();
+ALTER TABLE runledger.event_checkpoint_prunes ENABLE ALWAYS TRIGGER tg_event_checkpoint_prunes_guard;
+CREATE TRIGGER tg_event_checkpoint_prunes_no_truncate BEFORE TRUNCATE
+    ON runledger.event_checkpoint_prunes
+    FOR EACH STATEMENT EXECUTE FUNCTION runledger._guard_event_chain();
+ALTER TABLE runledger.event_checkpoint_prunes
+    ENABLE ALWAYS TRIGGER tg_event_checkpoint_prunes_no_truncate;

@@ -67,7 +67,7 @@ BEGIN
                         runledger.timelines, runledger.failover_runs,
                         runledger.commit_guarantees,
                         runledger.event_checkpoints, runledger.event_checkpoint_heads,
-                        runledger.event_chain_prunes,
+                        runledger.event_chain_prunes, runledger.event_checkpoint_prunes,
                         runledger.run_timeline, runledger.effect_ledger, runledger.lease_history,
                         runledger.alembic_version
             TO runledger_worker;
@@ -123,7 +123,8 @@ BEGIN
             runledger.cancel_run(text, text, text),
             runledger.retry_run(text, text),
             runledger.prune_runs(timestamptz, boolean),
-            runledger.prune_runs_v2(timestamptz, boolean, integer)
+            runledger.prune_runs_v2(timestamptz, boolean, integer),
+            runledger.prune_records(timestamptz, boolean, integer)
         TO runledger_operator;
     END IF;
 END
