@@ -49,7 +49,7 @@ NOT_SENT: dict[str, Any] = {"ended": "not_sent"}  # a release: dispatched, the t
 # and the run's next holder may be about to look) up to RELEASE_AGAIN_MAX
 AGAIN_FIRST = 0.1
 AGAIN_MAX = 2.0
-RELEASE_AGAIN_MAX = 1.0
+RELEASE_AGAIN_MAX = 0.5
 
 
 class _Again:
@@ -64,6 +64,12 @@ class _Again:
         self.failures += 1
         delay, self.delay = self.delay, min(self.delay * 2, self.cap)
         return delay * random.uniform(0.75, 1.25)
+
+    @property
+    def level(self) -> int:
+        """A warning at the 1st, 2nd, 4th, 8th, ... failure; the others at debug level:
+        a disk full for minutes says so a few times per write, not every second."""
+        return logging.WARNING if self.failures & (self.failures - 1) == 0 else logging.DEBUG
 
 
 def _retried(exc: BaseException) -> bool:
@@ -268,7 +274,8 @@ class Writes:
             "failures": again.failures,
             "retry_in": round(delay, 3),
         }
-        log.warning(
+        log.log(
+            again.level,
             "complete_call failed: %s; the result is kept and sent again in %.1f s",
             describe(exc),
             delay,
@@ -476,7 +483,8 @@ class Writes:
                         )
                         return
                     delay = again.next()
-                    log.warning(
+                    log.log(
+                        again.level,
                         "release_call failed: %s; the end of the send (%s) is kept and "
                         "sent again in %.1f s",
                         describe(exc),
