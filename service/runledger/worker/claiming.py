@@ -113,6 +113,8 @@ class Claiming:
                     failures = 0
                 except Exception as exc:
                     failures += 1
+                    # still "a claim is out" while it backs off: no final decision carries
+                    # a claim meanwhile (it would fail the decision's write with it)
                     await self._claim_failed(exc, failures)
                     continue
                 finally:
