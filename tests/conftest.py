@@ -52,3 +52,13 @@ def workers(runledger_workers: WorkerPool, provider: ProviderProcess) -> Iterato
     """The plugin's worker pool running the demo flows, with the provider's URL."""
     runledger_workers.flows = list(DEMO_FLOWS)
     yield runledger_workers
+
+
+@pytest.fixture
+def small_disk(runledger_databases: Any) -> Iterator[Any]:
+    """A migrated database on a filesystem of its own that the test fills and frees: a
+    real full disk (:mod:`tests.small_disk`)."""
+    from tests.small_disk import small_disk as make
+
+    with make(runledger_databases) as disk:
+        yield disk

@@ -7,13 +7,14 @@ can lose commits, see docs/failover.md); ``fail``, something a worker cannot wor
 connection, a standby, a schema behind). ``runledger doctor`` exits 3 when the database is
 unreachable or its schema missing or behind this code, else 1 when any check is not
 ``ok``.
-Read-only: nothing is written.
+Nothing is kept: the one write (the write check's) is rolled back.
 
 The checks: the connection; the server (version, primary or standby); the schema
 revision against this code's head; replication (synchronous or not); the timelines seen;
-the roles the schema grants to; the default transaction isolation (READ COMMITTED); this
-host's clock against the database's, and each live worker's as that worker measured it
-(warn past :data:`MAX_CLOCK_SKEW`); the settings it
+the roles the schema grants to; the default transaction isolation (READ COMMITTED);
+whether the database takes a write that needs new space (a full disk fails every write
+while every read still works); this host's clock against the database's, and each live
+worker's as that worker measured it (warn past :data:`MAX_CLOCK_SKEW`); the settings it
 ran with and the ``RUNLEDGER_*`` environment, the URL's password and any variable named
 like a secret redacted.
 """
@@ -262,6 +263,40 @@ def isolation(conn: psycopg.Connection[diagnosis.Row]) -> Result:
     return Result("isolation", OK, f"default_transaction_isolation {level}", data)
 
 
+def write(conn: psycopg.Connection[diagnosis.Row]) -> Result:
+    """Whether the database takes a write where runledger's journal grows: a temporary
+    table gets its first page in the tablespace of ``runledger.run_events``, in a
+    transaction rolled back (:func:`runledger.db.diagnosis.write_probe`). A full disk
+    fails it (SQLSTATE 53100), and with it every write of the workers and the commands,
+    while every read, and every other check here, still works. A role that may not
+    create a temporary table there is a warning: the write is not checked."""
+    from runledger.db.sqlstate import describe
+
+    try:
+        name = diagnosis.write_probe(conn)
+    except psycopg.Error as exc:
+        data = {"sqlstate": exc.sqlstate, "error": describe(exc)}
+        if exc.sqlstate == "42501":
+            return Result(
+                "write",
+                WARN,
+                f"not checked: this role may not create a temporary table ({describe(exc)})",
+                data,
+            )
+        if exc.sqlstate == "53100":
+            return Result(
+                "write",
+                FAIL,
+                f"the database takes no write: {describe(exc)}. Every write of the workers "
+                "and the commands fails until space is freed where runledger's tables are",
+                data,
+            )
+        return Result("write", FAIL, f"a write failed: {describe(exc)}", data)
+    return Result(
+        "write", OK, f"a write in tablespace {name} succeeded (rolled back)", {"tablespace": name}
+    )
+
+
 def clock(conn: psycopg.Connection[diagnosis.Row]) -> Result:
     """This host's clock against the database's (``clock_timestamp()``, taken halfway
     through the round trip). runledger judges time by the database alone; a host far off
@@ -381,6 +416,8 @@ def run_doctor(database_url: str, *, connect_timeout: float) -> list[Result]:
             results.append(timelines(conn))
         results.append(roles(conn))
         results.append(isolation(conn))
+        if results[2].ok and not results[1].data.get("standby"):  # a primary, at head
+            results.append(write(conn))
         results.append(clock(conn))
         if all(r.ok for r in results if r.check == "schema"):
             results.append(worker_clocks(conn))

@@ -111,6 +111,30 @@ class ReadOnly(RunLedgerError):
         self.standby = standby
 
 
+class ServerError(RunLedgerError):
+    """The database failed a statement with a SQLSTATE that is none of runledger's
+    refusals: a full disk (53100), out of memory (53200), a statement timeout (57014), an
+    I/O error (58030), a missing privilege (42501), ... The statement's transaction was
+    rolled back: nothing of it was written. ``code`` is the SQLSTATE, ``condition``
+    PostgreSQL's name for it, in words (``disk full``; None when the driver has no class
+    for it); the message starts with the condition and ends with the SQLSTATE. Mapped in
+    ``db/sqlstate.py`` (:func:`runledger.db.sqlstate.server_error`)."""
+
+    def __init__(
+        self, message: str, *, code: str, condition: str | None = None, **fields: Any
+    ) -> None:
+        super().__init__(message, **fields)
+        self.code = code
+        self.condition = condition
+
+    @property
+    def transient(self) -> bool:
+        """Whether the same statement may well succeed later, unchanged: the server ran
+        short of something (class 53: disk, memory, connections), a statement timed out
+        or was cancelled (57014), or the system failed it (class 58: I/O)."""
+        return self.code.startswith(("53", "58")) or self.code == "57014"
+
+
 class DatabaseUnavailable(RunLedgerError):
     """The database could not be reached (down, wrong host, role or database name)."""
 

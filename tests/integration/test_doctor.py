@@ -33,6 +33,7 @@ def test_a_primary_at_head_without_standbys_is_healthy(database_url: str) -> Non
         "timeline",
         "roles",
         "isolation",
+        "write",
         "clock",
         "worker clocks",
         "settings",
@@ -51,9 +52,10 @@ def test_a_primary_at_head_without_standbys_is_healthy(database_url: str) -> Non
     }
     assert results["replication"].data["standbys"] == []
     assert "no failover recorded" in results["timeline"].detail
+    assert results["write"].data == {"tablespace": "pg_default"}
     result = CliRunner().invoke(main, ["doctor", "--database-url", database_url, "--json"])
     assert result.exit_code == 0, result.output
-    assert [r["status"] for r in json.loads(result.output)] == ["ok"] * 10
+    assert [r["status"] for r in json.loads(result.output)] == ["ok"] * 11
 
 
 def test_a_schema_behind_the_code_fails(

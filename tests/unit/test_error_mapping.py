@@ -14,7 +14,7 @@ from psycopg.errors import lookup
 from psycopg.pq import DiagnosticField
 
 from runledger import errors
-from runledger.db.sqlstate import map_error
+from runledger.db.sqlstate import describe, map_error, server_error
 from tests.unit.sql_source import raised_sqlstates
 
 DESIGN_TABLE = {
@@ -177,6 +177,51 @@ def test_mapped_driver_error_survives_pickling() -> None:
     mapped = map_error(driver)
     assert isinstance(mapped, errors.VersionConflict)
     assert mapped.detail == "expected 1"
+
+
+# -- any other error of the server: ServerError, naming its SQLSTATE ----------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "condition", "transient"),
+    [
+        ("53100", "disk full", True),
+        ("53200", "out of memory", True),
+        ("57014", "query canceled", True),
+        ("58030", "io error", True),
+        ("42501", "insufficient privilege", False),
+        ("23514", "check violation", False),
+        ("XX000", "internal error", False),
+    ],
+)
+def test_any_other_server_error_is_a_server_error_naming_its_sqlstate(
+    code: str, condition: str, transient: bool
+) -> None:
+    driver = pg_error(code, "could not extend file", "on disk", "Check free disk space.")
+    failed = server_error(driver, run_id="r1", fencing_token=2)
+    assert isinstance(failed, errors.ServerError)
+    assert (failed.code, failed.condition, failed.transient) == (code, condition, transient)
+    assert (failed.run_id, failed.fencing_token) == ("r1", 2)
+    assert str(failed) == (
+        f"{condition}: could not extend file; DETAIL: on disk; HINT: Check free disk space. "
+        f"(SQLSTATE {code})"
+    )
+    assert describe(failed) == str(failed) == describe(driver)
+
+
+@pytest.mark.parametrize("code", ["RL001", "RL006", "22P02", "25006", "08006", "57P01"])
+def test_refusals_and_lost_connections_are_no_server_errors(code: str) -> None:
+    assert server_error(pg_error(code)) is None
+
+
+def test_describe_puts_the_cause_first_on_one_line() -> None:
+    assert describe(pg_error("RL001", "lease lost", "token 3")) == (
+        "LeaseLost: lease lost; DETAIL: token 3"
+    )
+    assert describe(psycopg.OperationalError("connection\nrefused")) == (
+        "OperationalError: connection refused"
+    )
+    assert describe(RuntimeError("two\n  lines")) == "RuntimeError: two lines"
 
 
 # -- a write refused because the server only reads (SQLSTATE 25006) ------------------------

@@ -22,8 +22,9 @@ lines); what the text says is :mod:`runledger.present`, which the console uses t
 Data goes to stdout, logs to stderr. Every failure is one line on stderr that starts
 ``error: `` (click's own usage errors included), never a traceback, and its exit code
 says what kind it is (:data:`~runledger.cli.exits.EXIT_CODES`, shown by ``runledger
---help``): 0 ok; 1 a check failed, a run did not succeed, or the database refused the
-request (a write on a standby: ``ReadOnly``); 2 usage (a bad option, argument or value,
+--help``): 0 ok; 1 a check failed, a run did not succeed, or the database refused or
+failed the request (a write on a standby: ``ReadOnly``; any other error of the server,
+a full disk say: ``ServerError``, naming its SQLSTATE); 2 usage (a bad option, argument or value,
 input that is not JSON or nests too deeply, no or a malformed database URL); 3 the
 database is unavailable or has no (or an older) runledger schema, or is a standby under
 ``runledger worker``, which only writes. :func:`run` maps the exceptions onto them.
@@ -40,6 +41,7 @@ from __future__ import annotations
 import sys
 
 import click
+import psycopg
 
 from runledger import errors
 from runledger.cli import (
@@ -112,7 +114,9 @@ def run() -> None:
     Usage errors (click's, and a malformed or missing URL: ``ConfigurationError``) exit 2;
     a database that cannot be reached or has no (or an older) schema exits 3; any other
     runledger error (a refusal by the database or the store, a standby's ``ReadOnly``
-    included: the worker command exits 3 for that one itself) exits 1.
+    included: the worker command exits 3 for that one itself; a ``ServerError``, a full
+    disk say) exits 1, and so does a driver error no store mapped, as the error it
+    stands for (a lost connection exits 3).
     """
     try:
         main(standalone_mode=False)
@@ -131,3 +135,25 @@ def run() -> None:
         fail(f"error: {type(exc).__name__}: {one_line(exc)}", EXIT_UNAVAILABLE)
     except errors.RunLedgerError as exc:
         fail(f"error: {type(exc).__name__}: {one_line(exc)}", EXIT_FAILED)
+    except psycopg.Error as exc:  # one the store did not map (a read's own connection)
+        fail(f"error: {driver_line(exc)}", _driver_exit(exc))
+
+
+def driver_line(exc: psycopg.Error) -> str:
+    """A driver error as the line of the runledger error it stands for: a lost
+    connection, a refusal, or a :class:`~runledger.errors.ServerError` naming its
+    SQLSTATE (:func:`runledger.db.sqlstate.describe`)."""
+    from runledger.db.sqlstate import is_connection_error, map_error, server_error
+
+    if is_connection_error(exc):
+        return f"DatabaseUnavailable: {one_line(exc)}"
+    mapped = map_error(exc) or server_error(exc)
+    if mapped is not None:
+        return f"{type(mapped).__name__}: {one_line(mapped)}"
+    return f"{type(exc).__name__}: {one_line(exc)}"
+
+
+def _driver_exit(exc: psycopg.Error) -> int:
+    from runledger.db.sqlstate import is_connection_error
+
+    return EXIT_UNAVAILABLE if is_connection_error(exc) else EXIT_FAILED

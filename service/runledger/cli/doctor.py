@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 @connect_option
 @json_option
 def doctor(database_url: str | None, connect_timeout: float, as_json: bool) -> None:
-    """Check the connection, server, schema revision, replication, roles, default isolation
-    and clock; show the settings (secrets redacted); exit 3 when the database is
+    """Check the connection, server, schema revision, replication, roles, default
+    isolation, that the database takes a write (rolled back; a full disk fails it) and
+    the clock; show the settings (secrets redacted); exit 3 when the database is
     unreachable or its schema missing or behind, 1 on any other problem.
 
     A warning is a setting under which a guarantee does not hold: an asynchronous

@@ -1,13 +1,15 @@
 """The reads of ``runledger doctor`` (:mod:`runledger.doctor`), each one statement on one
 read-only connection: the server, the schema's revision, replication, the timelines seen,
-the roles, the default isolation, the database's clock. Nothing is written. And whether a
-login may act as an operator (:func:`can_act`, for ``runledger console``)."""
+the roles, the default isolation, the database's clock; and one write, rolled back
+(:func:`write_probe`). Nothing is kept. And whether a login may act as an operator
+(:func:`can_act`, for ``runledger console``)."""
 
 from __future__ import annotations
 
 from typing import Any, LiteralString
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from runledger.config import connection_settings
@@ -123,6 +125,36 @@ def worker_clocks(conn: Conn) -> list[Row]:
              AND w.heartbeat_at > runledger.now() - coalesce(w.silent_after, interval '30 s')
            ORDER BY abs(extract(epoch FROM w.clock_offset)) DESC, w.worker_id"""
     ).fetchall()
+
+
+# the tablespace runledger's journal grows in: run_events', else the database's default
+_JOURNAL_TABLESPACE: LiteralString = (
+    "SELECT coalesce(t.spcname, d.spcname) AS name FROM pg_class c "
+    "LEFT JOIN pg_tablespace t ON t.oid = c.reltablespace "
+    "CROSS JOIN (SELECT s.spcname FROM pg_database db JOIN pg_tablespace s "
+    "ON s.oid = db.dattablespace WHERE db.datname = current_database()) d "
+    "WHERE c.oid = 'runledger.run_events'::regclass"
+)
+
+
+def write_probe(conn: Conn) -> str:
+    """A write that needs new space where runledger's journal grows, rolled back: a
+    temporary table in the tablespace of ``runledger.run_events`` gets its first page (a
+    new relation always extends its file, where a row added to a table may fit in a page
+    it has). Returns that tablespace's name; raises the driver's error (SQLSTATE 53100 on
+    a full disk). A temporary table takes no privilege on the database's default
+    tablespace, only TEMPORARY on the database (PUBLIC has it unless revoked)."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET TRANSACTION READ WRITE")  # the session is read-only
+        name = str(_one(conn, _JOURNAL_TABLESPACE)["name"])
+        conn.execute(
+            sql.SQL(
+                "CREATE TEMPORARY TABLE runledger_doctor_write (x integer) ON COMMIT DROP "
+                "TABLESPACE {}"
+            ).format(sql.Identifier(name))
+        )
+        conn.execute("INSERT INTO runledger_doctor_write VALUES (1)")
+    return name
 
 
 def can_act(conn: Conn) -> bool:

@@ -13,7 +13,9 @@ statement is one transaction. Two ways to send one:
 
 Serialization failures and deadlocks (the transaction was rolled back) are sent again
 without a read-back. A refusal is mapped by :func:`runledger.db.sqlstate.map_error`, the
-one place that maps SQLSTATEs.
+one place that maps SQLSTATEs; any other error of the server (a full disk, a statement
+timeout) is :class:`~runledger.errors.ServerError`, naming its SQLSTATE, and is not sent
+again here: the caller decides (a worker keeps a result it holds and retries it).
 
 :meth:`Executor.pinned`: the statements of one task (a run's writes, and the tasks it
 starts) go through one connection of the pool instead of a checkout each; a connection
@@ -52,6 +54,7 @@ from runledger.db.sqlstate import (
     map_error,
     raise_mapped,
     read_only,
+    server_error,
 )
 from runledger.db.validate import check_json
 
@@ -407,7 +410,10 @@ class Executor:
                     raise mapped from exc
                 connection_lost = is_connection_error(exc)
                 if not connection_lost and exc.sqlstate not in RETRYABLE_SQLSTATES:
-                    raise
+                    failed = server_error(exc, **fields)  # a full disk, a timeout, ...
+                    if failed is None:  # the driver's own error (no SQLSTATE)
+                        raise
+                    raise failed from exc
                 if attempt == self.retries:
                     raise errors.DatabaseUnavailable(
                         f"database call failed after {attempt + 1} attempts: {exc}", **fields

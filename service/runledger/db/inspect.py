@@ -93,7 +93,7 @@ def driver_error(
     """A driver error as the one-line runledger error a command prints: a lost
     connection, a refusal with its runledger SQLSTATE (a standby's refusal of a write,
     told apart on ``conn``), or ``what`` refused (``grants`` as the hint for a missing
-    privilege)."""
+    privilege); its SQLSTATE is named."""
     from runledger.db.sqlstate import is_connection_error, map_error
 
     if is_connection_error(exc):
@@ -104,7 +104,10 @@ def driver_error(
     if mapped is not None:
         return mapped
     hint = grants if exc.sqlstate == "42501" else None
-    return errors.RunLedgerError(f"the database refused {what}: {_first_line(exc)}", hint=hint)
+    code = f" (SQLSTATE {exc.sqlstate})" if exc.sqlstate else ""
+    return errors.RunLedgerError(
+        f"the database refused {what}: {_first_line(exc)}{code}", hint=hint
+    )
 
 
 READ_GRANTS = (

@@ -6,7 +6,11 @@ becomes its :class:`~runledger.errors.RunLedgerError`, raised ``from`` the drive
 :class:`~runledger.errors.InvalidInput`; a write refused because the server only reads is
 :class:`~runledger.errors.ReadOnly` (:func:`read_only`). What is neither a refusal nor
 mapped is a lost connection (:func:`is_connection_error`) or worth sending again
-(:data:`RETRYABLE_SQLSTATES`): :class:`runledger.db.execution.Executor` decides.
+(:data:`RETRYABLE_SQLSTATES`): :class:`runledger.db.execution.Executor` decides. Any
+other error the server sends is :class:`~runledger.errors.ServerError`
+(:func:`server_error`), one line that names its SQLSTATE: a full disk, a missing
+privilege, a statement timeout. :func:`describe` says any exception in one line, its
+cause first, for a log line.
 """
 
 from __future__ import annotations
@@ -57,6 +61,60 @@ def map_error(
             message, detail=diag.message_detail or None, hint=diag.message_hint or None, **fields
         )
     return None
+
+
+def condition(exc: psycopg.Error) -> str | None:
+    """PostgreSQL's name for the error's SQLSTATE, in words, from the driver's class for
+    it (``DiskFull``: "disk full"); None when the driver has none (a generic class)."""
+    name = type(exc).__name__.rstrip("_")
+    if type(exc).__module__ != psycopg.errors.__name__ or not getattr(type(exc), "sqlstate", None):
+        return None
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", name).lower()
+
+
+def said(exc: psycopg.Error) -> str:
+    """What the server said, on one line: its message, DETAIL and HINT."""
+    diag = exc.diag
+    parts = [diag.message_primary or failure_reason(exc)]
+    if diag.message_detail:
+        parts.append(f"DETAIL: {diag.message_detail}")
+    if diag.message_hint:
+        parts.append(f"HINT: {diag.message_hint}")
+    return "; ".join(" ".join(part.split()) for part in parts)
+
+
+def server_error(exc: psycopg.Error, **fields: Any) -> errors.ServerError | None:
+    """The :class:`~runledger.errors.ServerError` for an error the server sent that is
+    neither one of runledger's refusals nor a lost connection; None for those, and for
+    an error without a SQLSTATE (the driver's own). Its message starts with the
+    condition ("disk full: could not extend file ...; HINT: Check free disk space.") and
+    ends with the SQLSTATE ("(SQLSTATE 53100)")."""
+    code = exc.sqlstate
+    if code is None or is_connection_error(exc) or map_error(exc) is not None:
+        return None
+    named = condition(exc)
+    message = f"{named}: {said(exc)}" if named else said(exc)
+    return errors.ServerError(f"{message} (SQLSTATE {code})", code=code, condition=named, **fields)
+
+
+def describe(exc: BaseException) -> str:
+    """Any exception as one line, its cause first: a runledger error's message (a server
+    error's names its condition and SQLSTATE), a driver error's server message with its
+    SQLSTATE, else the exception's type and text."""
+    if isinstance(exc, errors.ServerError):  # the condition first, not the class
+        return " ".join(str(exc).split())
+    if isinstance(exc, errors.RunLedgerError):
+        return f"{type(exc).__name__}: " + "; ".join(
+            " ".join(line.split()) for line in str(exc).splitlines() if line.strip()
+        )
+    if isinstance(exc, psycopg.Error):
+        mapped = map_error(exc) or server_error(exc)
+        if mapped is not None:
+            return describe(mapped)
+        if exc.sqlstate:
+            return f"{type(exc).__name__}: {said(exc)} (SQLSTATE {exc.sqlstate})"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # the outermost function of a refusal's CONTEXT: its last line, innermost first

@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from runledger import errors
+from runledger.db.sqlstate import describe
 from runledger.flows import (
     Flow,
     NotApplied,
@@ -529,9 +530,30 @@ class Calls:
         except errors.LeaseLost as exc:
             await self.writes.report_stale(active, exc)
             await self.writes.release_send(active, key, _returned(result, receipt))
-        except Exception:
-            log.exception("late result not recorded", extra={"run_id": active.run_id})
-            await self.writes.release_send(active, key, {"ended": "returned"})
+        except Exception as exc:  # not journaled here: handed over, the result with it
+            log.warning(
+                "late result not journaled: %s; released to the run's next holder",
+                describe(exc),
+                extra={"run_id": active.run_id, "key": key},
+            )
+            log.debug("the late result's failed write", exc_info=exc)
+            await self.writes.release_send(active, key, _returned(result, receipt))
+
+    async def _own_release(self, active: ActiveRun, call: Call) -> None:
+        """This worker sent the call under an earlier lease and is still releasing it
+        (the database failed the release: a full disk): wait for that release, which may
+        carry the tool's result, before the call is judged. The database's answer alone
+        would be "its lease expired without word from it"."""
+        pending = self.writes.releasing(active.run_id, call.idempotency_key)
+        if pending is None:
+            return
+        log.info(
+            "waiting for this worker's release of the call from its earlier lease",
+            extra={"run_id": active.run_id, "key": call.idempotency_key},
+        )
+        while not pending.done():
+            check_boundary(active)
+            await asyncio.wait({pending}, timeout=0.25)
 
     async def look_up(self, active: ActiveRun, tool: Tool[Any], call: Call, trail: Trail) -> Looked:
         """For the crash-loop guard (:mod:`runledger.worker.giving_up`): a call of a
@@ -580,6 +602,7 @@ class Calls:
         otherwise the call is recovered as in flight, from a fresh lookup."""
         c = active.claim
         store = self.writes.store
+        await self._own_release(active, call)
         delay, waited = 0.02, False
         started = time.monotonic()
         while True:

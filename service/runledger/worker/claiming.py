@@ -9,6 +9,10 @@ and a wake-up of the claimer in between (:meth:`Claiming.next_claim`). Only then
 several runs in hand, their decisions share commits (write coalescing) and the claimer
 claims for all the slots that freed at once. One claim is out at a time, the claimer's
 or one with a decision, so the two never claim the same free slots twice.
+
+A claim that fails (a full disk: the database fails every write) is one warning, its
+cause first, and the claimer backs off: the poll interval, doubled at each failure in a
+row up to :data:`CLAIM_BACKOFF_MAX`.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import contextlib
 import contextvars
 import datetime as dt
 import logging
+import random
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from runledger.db.rows import ClaimedJournal
+from runledger.db.sqlstate import describe
 from runledger.db.worker_store import WorkerStore
 from runledger.flows import Flow
 from runledger.model import ClaimedRun
@@ -31,6 +37,9 @@ from runledger.worker.metrics import Metrics
 from runledger.worker.runs import ActiveRun, Vouch
 
 log = logging.getLogger("runledger.worker.process")
+
+# the longest wait between two claims after failed ones (unless the poll interval is longer)
+CLAIM_BACKOFF_MAX = 10.0
 
 Claimed = list[tuple[ClaimedRun, ClaimedJournal]]
 
@@ -86,6 +95,7 @@ class Claiming:
     async def _claimer(self) -> None:
         assert self.store is not None
         self._runs_context = contextvars.copy_context()
+        failures = 0  # claims failed in a row
         while not self.stopping.is_set():
             self.wake.clear()
             free = self.concurrency - len(self.active)
@@ -100,9 +110,13 @@ class Claiming:
                         self.worker_id, sorted(self.flows), self.lease, free
                     )
                     self.metrics.claim_took(time.monotonic() - sent)
-                except Exception:
-                    log.exception("claim failed", extra={"worker_id": self.worker_id})
-                    runs = []
+                    failures = 0
+                except Exception as exc:
+                    failures += 1
+                    # still "a claim is out" while it backs off: no final decision carries
+                    # a claim meanwhile (it would fail the decision's write with it)
+                    await self._claim_failed(exc, failures)
+                    continue
                 finally:
                     self._claiming = False
                 claimed = len(runs)
@@ -114,6 +128,26 @@ class Claiming:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.poll_seconds):
                     await self.wake.wait()
+
+    def claim_backoff(self, failures: int) -> float:
+        """How long the claimer waits after ``failures`` claims failed in a row: the poll
+        interval, doubled at each failure up to :data:`CLAIM_BACKOFF_MAX` (or the poll
+        interval, when that is longer), within a quarter either way."""
+        cap = max(self.poll_seconds, CLAIM_BACKOFF_MAX)
+        delay: float = min(self.poll_seconds * 2.0 ** min(failures - 1, 30), cap)
+        return delay * random.uniform(0.75, 1.25)
+
+    async def _claim_failed(self, exc: Exception, failures: int) -> None:
+        """One line, the cause first (the traceback at debug level), then the backoff: a
+        database that fails every claim (a full disk) is not asked again at every poll,
+        nor at every notification meanwhile; only a stop ends the wait early."""
+        delay = self.claim_backoff(failures)
+        fields = {"worker_id": self.worker_id, "failures": failures, "retry_in": round(delay, 3)}
+        log.warning("claim failed: %s; retrying in %.1f s", describe(exc), delay, extra=fields)
+        log.debug("the failed claim's traceback", exc_info=exc, extra=fields)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self.stopping.wait()
 
     def next_claim(self, finishing: ActiveRun) -> NextClaim | None:
         """The claim to send with ``finishing``'s final decision, or None: only when it is

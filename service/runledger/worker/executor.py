@@ -35,6 +35,7 @@ import psycopg
 
 from runledger import errors
 from runledger.db.rows import Journal
+from runledger.db.sqlstate import describe
 from runledger.db.worker_store import WorkerStore
 from runledger.flows import (
     Flow,
@@ -122,6 +123,12 @@ class RunExecutor:
             await self.writes.release(active)
         except LocalLeaseExpired:
             log.warning("local lease deadline passed, stopping run", extra=fields)
+        except errors.ServerError as exc:  # the database failed a write (a full disk)
+            log.warning(
+                "run handed back: %s", describe(exc), extra={**fields, "sqlstate": exc.code}
+            )
+            log.debug("the failed write's traceback", exc_info=exc, extra=fields)
+            await self._release_after_error(active, exc)
         except Exception as exc:  # a bug or the database gone: say so, hand the run back
             log.exception("run failed in the worker", extra={**fields, "error": repr(exc)})
             await self._release_after_error(active, exc)

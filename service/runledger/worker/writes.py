@@ -11,23 +11,32 @@ results of a parallel group that are ready together go in one ``complete_calls``
 a result that arrives while a commit of the run is in flight goes in the next one. No
 one waits for a result that is not there yet; each caller returns once its own result
 is committed, before its next step.
+
+A result this worker holds is not dropped because the database failed to take it (a
+full disk: :class:`~runledger.errors.ServerError` that is ``transient``): the completion
+is sent again, with backoff, as long as the lease's local deadline holds; after that the
+result is handed to the run's next holder (:meth:`Writes.release_send`, ``release_call``
+with the result), which is sent again until it lands. A later lease of this worker that
+finds the call in flight waits for that release first (:meth:`Writes.releasing`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runledger import errors
+from runledger.db.sqlstate import describe
 from runledger.db.worker_store import WorkerStore
 from runledger.model import Call, FinishStatus, Outcome
 from runledger.worker import tracing
 from runledger.worker.metrics import Metrics
-from runledger.worker.runs import ActiveRun, detached
+from runledger.worker.runs import ActiveRun, LocalLeaseExpired, detached
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,38 @@ T = TypeVar("T")
 
 BATCH_MAX = 100  # complete_calls takes 1 to 100 calls
 NOT_SENT: dict[str, Any] = {"ended": "not_sent"}  # a release: dispatched, the tool never started
+# a write the database failed (transient: a full disk) is sent again after AGAIN_FIRST s,
+# doubled at each failure: a completion up to AGAIN_MAX, a release (the lease is gone,
+# and the run's next holder may be about to look) up to RELEASE_AGAIN_MAX
+AGAIN_FIRST = 0.1
+AGAIN_MAX = 2.0
+RELEASE_AGAIN_MAX = 0.5
+
+
+class _Again:
+    """The waits between the sends of one write the database failed: doubling, jittered."""
+
+    def __init__(self, cap: float) -> None:
+        self.delay = AGAIN_FIRST
+        self.cap = cap
+        self.failures = 0
+
+    def next(self) -> float:
+        self.failures += 1
+        delay, self.delay = self.delay, min(self.delay * 2, self.cap)
+        return delay * random.uniform(0.75, 1.25)
+
+    @property
+    def level(self) -> int:
+        """A warning at the 1st, 2nd, 4th, 8th, ... failure; the others at debug level:
+        a disk full for minutes says so a few times per write, not every second."""
+        return logging.WARNING if self.failures & (self.failures - 1) == 0 else logging.DEBUG
+
+
+def _retried(exc: BaseException) -> bool:
+    """Whether a failed write is sent again: the server failed it for a passing reason
+    (a full disk, memory, a statement timeout), not a refusal."""
+    return isinstance(exc, errors.ServerError) and exc.transient
 
 
 @dataclass(slots=True)
@@ -59,6 +100,8 @@ class Writes:
         # per lease (run id, fencing token): the results queued for its writer, the writer
         self._queued: dict[tuple[str, int], list[_Queued]] = {}
         self._writers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # per call (run id, key): the task releasing the end of this worker's send of it
+        self._releasing: dict[tuple[str, str], asyncio.Task[Any]] = {}
 
     async def write(
         self,
@@ -169,24 +212,35 @@ class Writes:
         """``complete_call``; with ``next_call`` (a planned call that runs next) also its
         dispatch, in the same transaction (``complete_and_dispatch``): then the next
         call's attempt number. Without one, the result is group-committed with the other
-        results of the run that are ready (:meth:`_group_commit`)."""
+        results of the run that are ready (:meth:`_group_commit`).
+
+        The result is not dropped when the database fails the write for a passing
+        reason (a full disk): it is sent again, with backoff, until the lease's local
+        deadline; then :class:`LocalLeaseExpired`, and the caller hands it over
+        (:meth:`release_send`)."""
         c = active.claim
         args = (c.run_id, c.lease_id, c.fencing_token, call.idempotency_key, outcome, result)
         attempt: int | None = None
-        if next_call is None:
-            await self._group_commit(active, call, outcome, result, receipt)
-        else:
-            attempt = await self.write(
-                active,
-                "complete_call",
-                dispatches=(next_call.idempotency_key,),
-                coro=self.store.complete_and_dispatch(
-                    *args,
-                    receipt,
-                    next_key=next_call.idempotency_key,
-                    next_attempts_seen=next_call.attempts,
-                ),
-            )
+        again = _Again(AGAIN_MAX)
+        while True:
+            try:
+                if next_call is None:
+                    await self._group_commit(active, call, outcome, result, receipt)
+                else:
+                    attempt = await self.write(
+                        active,
+                        "complete_call",
+                        dispatches=(next_call.idempotency_key,),
+                        coro=self.store.complete_and_dispatch(
+                            *args,
+                            receipt,
+                            next_key=next_call.idempotency_key,
+                            next_attempts_seen=next_call.attempts,
+                        ),
+                    )
+                break
+            except errors.ServerError as exc:
+                await self._hold(active, call, exc, again)
         if active.journal is not None:
             active.journal.completed(
                 call.idempotency_key, outcome, result, receipt, c.fencing_token
@@ -199,6 +253,38 @@ class Writes:
         if next_call is not None and attempt is not None:
             self.dispatched(active, next_call, attempt)
         return attempt
+
+    async def _hold(
+        self, active: ActiveRun, call: Call, exc: errors.ServerError, again: _Again
+    ) -> None:
+        """A completion the database failed: wait, then it is sent again, while the
+        lease's local deadline (and the listener's vouch) hold; else raise."""
+        if not _retried(exc):
+            raise exc
+        left = min(active.deadline, active.vouch.until) - time.monotonic()
+        if left <= 0:  # the lease's end: the caller hands the result over
+            raise LocalLeaseExpired(active.run_id) from exc
+        delay = min(again.next(), left)
+        c = active.claim
+        fields = {
+            "run_id": c.run_id,
+            "worker_id": self.worker_id,
+            "fencing_token": c.fencing_token,
+            "call": call.idempotency_key,
+            "failures": again.failures,
+            "retry_in": round(delay, 3),
+        }
+        log.log(
+            again.level,
+            "complete_call failed: %s; the result is kept and sent again in %.1f s",
+            describe(exc),
+            delay,
+            extra=fields,
+        )
+        log.debug("the failed completion's traceback", exc_info=exc, extra=fields)
+        await asyncio.sleep(delay)
+        if time.monotonic() >= min(active.deadline, active.vouch.until):
+            raise LocalLeaseExpired(active.run_id) from exc
 
     async def _group_commit(
         self,
@@ -370,19 +456,52 @@ class Writes:
         (``release_call``): how (``ended``: the tool returned, with its result; raised;
         was cancelled; or was never started, :data:`NOT_SENT`), so that it need not wait
         for this lease to expire. Nothing is written when the call's outcome was journaled
-        meanwhile; a failure is logged, and the next holder waits for the lease instead."""
+        meanwhile. A write the database failed for a passing reason (a full disk) is sent
+        again, with backoff, until it lands: the result it carries is not dropped. Any
+        other failure is logged, and the next holder waits for the lease instead."""
         c = active.claim
         args = (c.run_id, c.lease_id, c.fencing_token, key, self.worker_id)
+        call = (c.run_id, key)
+        task = asyncio.current_task()
+        if task is not None:
+            self._releasing[call] = task
+        again = _Again(RELEASE_AGAIN_MAX)
         try:
-            try:
-                told = await self.store.release_call(*args, ended)
-            except errors.InvalidInput:  # the result is over the payload cap: without it
-                told = await self.store.release_call(*args, {"ended": ended["ended"]})
-        except Exception as exc:
-            log.info(
-                "the end of a send not released: %r", exc, extra={"run_id": c.run_id, "key": key}
-            )
-            return
+            while True:
+                try:
+                    try:
+                        told = await self.store.release_call(*args, ended)
+                    except errors.InvalidInput:  # the result is over the payload cap
+                        told = await self.store.release_call(*args, {"ended": ended["ended"]})
+                    break
+                except Exception as exc:
+                    if not _retried(exc):
+                        log.info(
+                            "the end of a send not released: %s",
+                            describe(exc),
+                            extra={"run_id": c.run_id, "key": key},
+                        )
+                        return
+                    delay = again.next()
+                    log.log(
+                        again.level,
+                        "release_call failed: %s; the end of the send (%s) is kept and "
+                        "sent again in %.1f s",
+                        describe(exc),
+                        ended["ended"],
+                        delay,
+                        extra={
+                            "run_id": c.run_id,
+                            "key": key,
+                            "fencing_token": c.fencing_token,
+                            "failures": again.failures,
+                            "retry_in": round(delay, 3),
+                        },
+                    )
+                    await asyncio.sleep(delay)
+        finally:
+            if task is not None and self._releasing.get(call) is task:
+                del self._releasing[call]
         if told:
             log.info(
                 "call released to the run's next holder",
@@ -393,6 +512,13 @@ class Writes:
                     "ended": ended["ended"],
                 },
             )
+
+    def releasing(self, run_id: str, key: str) -> asyncio.Task[Any] | None:
+        """The task still releasing the end of this worker's send of the call under an
+        earlier lease (:meth:`release_send`), if one is: a later holder here waits for it
+        before it judges the call, whose release may carry the tool's result."""
+        task = self._releasing.get((run_id, key))
+        return None if task is None or task.done() else task
 
     def track(
         self, active: ActiveRun, aw: Awaitable[T], *, busy: bool = True, kind: str | None = None
