@@ -516,10 +516,11 @@ class Worker(Listening, Claiming):
                 # scope, not wait_for, as in _keeper: a cancellation is never swallowed
                 async with asyncio.timeout(6 * CHECKPOINT_EVERY):
                     made = await self.store.registry.checkpoint_events(self.worker_id, every)
-            except EXPECTED:
+            except EXPECTED as exc:
                 log.warning(
-                    "event checkpoint failed", exc_info=True, extra={"worker_id": self.worker_id}
+                    "event checkpoint failed: %s", _said(exc), extra={"worker_id": self.worker_id}
                 )
+                log.debug("event checkpoint failed", exc_info=True)
                 continue
             if made["created"]:
                 log.debug(
