@@ -118,10 +118,12 @@ def test_every_crash_window_settles_without_a_person(
 def test_past_the_window_the_call_waits_for_a_person_with_the_evidence(
     pool: WorkerPool, fake: FakeStripe, admin_conn: Any, db_clock: Any
 ) -> None:
-    db_clock.advance(-25 * 3600)  # the dispatch the dead worker journals is 25 hours old
+    # the dead worker journals its dispatch on a database clock 25 hours back; then the
+    # database's clock comes back to now, by which the recovery judges the key 25 hours old
+    db_clock.advance(-25 * 3600)
     submit(admin_conn, "stripe-old", PLAN, flow="stripe-lane-0")
     crash(pool, {0: "after_dispatch"})
-    db_clock.advance(CRASH_LEASE + 1)
+    db_clock.advance(25 * 3600 + CRASH_LEASE + 1)
     pool.flows = [spec(0)]
     (recovery,) = pool.start(1, args=LEASE_ARGS)
 
