@@ -131,7 +131,9 @@ class GivingUp:
         if in_flight:
             history = stalled_claims(await self.store.last_claims(active.run_id, stalled))
             for call in in_flight:
-                trail = trails[call.idempotency_key] = Trail(sent=call.dispatched_at)
+                trail = trails[call.idempotency_key] = Trail(
+                    sent=call.dispatched_at, clock=self.calls.writes.store.clock.now
+                )
                 for claim, seen, ended in history[-MAX_CLAIMS:]:
                     trail.journaled(
                         "stalled claim",
