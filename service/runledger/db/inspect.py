@@ -1,7 +1,7 @@
 """The operator's reads: runs, one run whole, workers, calls waiting for a person.
 
 Read-only queries for ``runledger list | show | workers | unknown``
-(:mod:`runledger.cli_reads`; the event log of ``runledger events`` is
+(:mod:`runledger.cli.reads`; the event log of ``runledger events`` is
 :mod:`runledger.db.event_log`), on one synchronous connection in a read-only session.
 Every time is judged by the database clock (``runledger.now()``, read once per query),
 never the local one. Each function returns plain JSON-able dicts: the ``--json`` shapes
