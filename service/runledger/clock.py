@@ -14,6 +14,11 @@ the monotonic clock, which a step of the host's wall clock (NTP, ``date -s``) do
 move, and the tightest measurement is kept, its error grown by a bound on how far two
 clocks drift apart (:data:`DRIFT`). Before the first measurement the estimate is the
 host's own clock (:attr:`DatabaseClock.measured` says which).
+
+A tighter reading may move the estimate by up to the error of the one it replaces (a
+few milliseconds). Waits are therefore judged by bounds, not by the estimate: a worker
+stamps its own send with :meth:`DatabaseClock.latest` and a lookup compares with
+:meth:`DatabaseClock.earliest`, so a wait for a database time never ends early.
 """
 
 from __future__ import annotations
@@ -79,6 +84,18 @@ class DatabaseClock:
         if reading is None:
             return wall_now()
         return _EPOCH + dt.timedelta(seconds=reading.base + time.monotonic())
+
+    def earliest(self) -> dt.datetime:
+        """The earliest the database's clock can be now (:meth:`now` less its error):
+        what a wait until a database time has passed compares with, so that it never
+        ends early. Tools get this one (``ToolContext.now``)."""
+        return self.now() - dt.timedelta(seconds=self.error() or 0.0)
+
+    def latest(self) -> dt.datetime:
+        """The latest the database's clock can be now (:meth:`now` plus its error): how a
+        worker stamps its own send, so that a wait counted from the stamp by
+        :meth:`earliest` lasts at least as long as asked, whatever readings come between."""
+        return self.now() + dt.timedelta(seconds=self.error() or 0.0)
 
     def error(self) -> float | None:
         """How far :meth:`now` may be off, in seconds (None: not measured)."""

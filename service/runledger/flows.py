@@ -129,7 +129,9 @@ class ToolContext:
     def now(self) -> dt.datetime:
         """The database's clock now (UTC): what :attr:`sent_at` and :attr:`first_sent_at`
         are compared with. A worker measures it on its round trips to the database, so a
-        host whose own clock is wrong still judges ages right."""
+        host whose own clock is wrong still judges ages right; it gives the earliest the
+        database's clock can be (its reading less half a round trip, milliseconds), so a
+        wait until a time has passed never ends early."""
         return self.clock()
 
     def since_sent(self) -> dt.timedelta | None:

@@ -96,9 +96,44 @@ def test_a_context_without_sends_has_no_ages() -> None:
 
 def test_evidence_is_stamped_by_the_database_clock() -> None:
     db_now = dt.datetime.now(dt.UTC) - SKEW
-    trail = Trail(clock=_measured(db_now).now)
+    trail = Trail(clock=_measured(db_now))
     trail.dispatched()
     assert trail.sent is not None and abs((trail.sent - db_now).total_seconds()) < 1
     trail.add("send", time.monotonic(), ended="raised")
     at = dt.datetime.fromisoformat(trail.steps[0]["at"])
     assert abs((at - db_now).total_seconds()) < 1
+
+
+def test_a_tighter_reading_never_ends_a_wait_early() -> None:
+    """A reading may move the estimate by up to the error of the one it replaces: a send
+    stamped with the latest bound, and waited for by the earliest (what a worker gives
+    its tools), still waits the whole bound whatever reading comes between."""
+    true_now = dt.datetime.now(dt.UTC)
+    clock = DatabaseClock()
+    sent = time.monotonic()
+    # a loose first reading (100 ms round trip, so within 50 ms) that puts the database
+    # 40 ms behind where it is at the middle of that round trip
+    clock.measure(true_now + dt.timedelta(seconds=0.05 - 0.04), sent, sent + 0.1)
+    trail = Trail(clock=clock)
+    trail.dispatched()
+    stamped = time.monotonic()
+    # a tight reading with the truth: the estimate jumps ahead by about 40 ms
+    now = time.monotonic()
+    clock.measure(true_now + dt.timedelta(seconds=now - sent), now, now + 0.0002)
+    ctx = ToolContext(
+        run_id="r",
+        flow="f@1",
+        turn=0,
+        call_id="c0",
+        tool="charge",
+        idempotency_key="r:0:c0",
+        fencing_token=1,
+        attempt=1,
+        lease_deadline=lambda: time.monotonic() + 30,
+        sent_at=trail.sent,
+        clock=clock.earliest,
+    )
+    left = landing_wait(ctx, 1.0)
+    assert left + (time.monotonic() - stamped) >= 1.0  # the whole bound is still waited
+    # by the estimate alone, the jump would have cut the wait short
+    assert (trail.sent + dt.timedelta(seconds=1.0) - clock.now()).total_seconds() < left

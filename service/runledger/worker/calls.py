@@ -200,7 +200,7 @@ class Calls:
         trail = Trail(
             sent=call.dispatched_at,
             first_known=dispatched is not None or not call.attempts,
-            clock=self.writes.store.clock.now,
+            clock=self.writes.store.clock,
         )
         sends = Backoff(self.limits)
         asks = Backoff(self.limits)
@@ -483,7 +483,8 @@ class Calls:
             lease_deadline=lambda: active.deadline,
             first_sent_at=trail.first_sent,
             sent_at=trail.sent,
-            clock=self.writes.store.clock.now,
+            # never ahead of the database's clock: a landing wait never ends early
+            clock=self.writes.store.clock.earliest,
         )
 
     def _abandon(

@@ -17,11 +17,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runledger.clock import wall_now
+from runledger.clock import DatabaseClock, wall_now
 from runledger.worker.runs import jsonable
 
 __all__ = ["MAX_FACTS", "MAX_STEPS", "Trail"]
@@ -49,14 +48,19 @@ class Trail:
     # journal was read for it
     first_known: bool = False
     steps: list[dict[str, Any]] = field(default_factory=list)
-    # the database's clock (the worker's DatabaseClock.now): the send times above are
-    # compared with the journal's, and the steps' times are shown beside the events'
-    clock: Callable[[], dt.datetime] = field(default=wall_now, repr=False)
+    # the database's clock as the worker measures it: the send times above are compared
+    # with the journal's, and the steps' times are shown beside the events'; None: this
+    # host's clock (a trail built without a worker)
+    clock: DatabaseClock | None = field(default=None, repr=False)
+
+    def _now(self) -> dt.datetime:
+        return wall_now() if self.clock is None else self.clock.now()
 
     def dispatched(self) -> None:
         """This holder dispatched the call: the key is sent now (its dispatch has just
-        committed), by the database's clock."""
-        now = self.clock()
+        committed), stamped with the latest the database's clock can be (a lookup
+        compares with the earliest: its landing wait never ends early)."""
+        now = wall_now() if self.clock is None else self.clock.latest()
         if self.first_sent is None:
             self.first_sent = now
         self.first_known = True
@@ -71,7 +75,7 @@ class Trail:
     ) -> None:
         """A step that began at ``started`` (``time.monotonic()``) and ends now."""
         took = time.monotonic() - started
-        at = self.clock() - dt.timedelta(seconds=took)
+        at = self._now() - dt.timedelta(seconds=took)
         entry: dict[str, Any] = {
             "step": step,
             "at": at.isoformat(timespec="milliseconds"),
