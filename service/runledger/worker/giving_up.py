@@ -132,7 +132,7 @@ class GivingUp:
             history = stalled_claims(await self.store.last_claims(active.run_id, stalled))
             for call in in_flight:
                 trail = trails[call.idempotency_key] = Trail(
-                    sent=call.dispatched_at, clock=self.calls.writes.store.clock
+                    sent=call.dispatched_at, clock=self.store.clock
                 )
                 for claim, seen, ended in history[-MAX_CLAIMS:]:
                     trail.journaled(

@@ -46,6 +46,7 @@ import psycopg
 
 from runledger import errors
 from runledger.config import default
+from runledger.db.sqlstate import describe
 from runledger.db.worker_store import WorkerStore
 from runledger.flows import Flow
 from runledger.worker import listener
@@ -444,7 +445,7 @@ class Worker(Listening, Claiming):
             except EXPECTED as exc:  # the watchdog fences meanwhile; anything else is a bug
                 log.warning(
                     "lease renewal or heartbeat failed: %s",
-                    _said(exc),
+                    describe(exc),
                     extra={"worker_id": self.worker_id},
                 )
                 log.debug("lease renewal or heartbeat failed", exc_info=True)
@@ -470,7 +471,7 @@ class Worker(Listening, Claiming):
             aside = self.direct_url or self.database_url
             log.warning(
                 "lease renewal through the pool failed (%s): renewing on a session of its own",
-                _said(exc),
+                describe(exc),
                 extra={"worker_id": self.worker_id, "runs": len(held)},
             )
             delay = 0.05
@@ -485,7 +486,7 @@ class Worker(Listening, Claiming):
                     )
                     break
                 except EXPECTED as again:
-                    log.debug("lease renewal aside failed: %s", _said(again))
+                    log.debug("lease renewal aside failed: %s", describe(again))
                 await asyncio.sleep(min(delay, max(0.0, until - time.monotonic())))
                 delay = min(delay * 2, 0.5)
             log.info(
@@ -518,7 +519,9 @@ class Worker(Listening, Claiming):
                     made = await self.store.registry.checkpoint_events(self.worker_id, every)
             except EXPECTED as exc:
                 log.warning(
-                    "event checkpoint failed: %s", _said(exc), extra={"worker_id": self.worker_id}
+                    "event checkpoint failed: %s",
+                    describe(exc),
+                    extra={"worker_id": self.worker_id},
                 )
                 log.debug("event checkpoint failed", exc_info=True)
                 continue
@@ -559,12 +562,6 @@ class Worker(Listening, Claiming):
         if active.task is not None and not active.task.done():
             active.fenced = active.fenced or why
             active.task.cancel()
-
-
-def _said(exc: BaseException) -> str:
-    """``Type: message`` on one line (a timeout has no message)."""
-    message = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _stop_if_cancelled() -> None:

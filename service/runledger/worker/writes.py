@@ -71,6 +71,25 @@ class _Again:
         a disk full for minutes says so a few times per write, not every second."""
         return logging.WARNING if self.failures & (self.failures - 1) == 0 else logging.DEBUG
 
+    async def pause(
+        self, failed: str, exc: BaseException, kept: str, fields: dict[str, Any], cap: float
+    ) -> None:
+        """One line for the write that failed (its cause first; the traceback at debug
+        level), then the wait before it is sent again: the next delay, at most ``cap``."""
+        delay = min(self.next(), cap)
+        fields = {**fields, "failures": self.failures, "retry_in": round(delay, 3)}
+        log.log(
+            self.level,
+            "%s failed: %s; %s is kept and sent again in %.1f s",
+            failed,
+            describe(exc),
+            kept,
+            delay,
+            extra=fields,
+        )
+        log.debug("the failed write's traceback", exc_info=exc, extra=fields)
+        await asyncio.sleep(delay)
+
 
 def _retried(exc: BaseException) -> bool:
     """Whether a failed write is sent again: the server failed it for a passing reason
@@ -264,25 +283,14 @@ class Writes:
         left = min(active.deadline, active.vouch.until) - time.monotonic()
         if left <= 0:  # the lease's end: the caller hands the result over
             raise LocalLeaseExpired(active.run_id) from exc
-        delay = min(again.next(), left)
         c = active.claim
         fields = {
             "run_id": c.run_id,
             "worker_id": self.worker_id,
             "fencing_token": c.fencing_token,
             "call": call.idempotency_key,
-            "failures": again.failures,
-            "retry_in": round(delay, 3),
         }
-        log.log(
-            again.level,
-            "complete_call failed: %s; the result is kept and sent again in %.1f s",
-            describe(exc),
-            delay,
-            extra=fields,
-        )
-        log.debug("the failed completion's traceback", exc_info=exc, extra=fields)
-        await asyncio.sleep(delay)
+        await again.pause("complete_call", exc, "the result", fields, left)
         if time.monotonic() >= min(active.deadline, active.vouch.until):
             raise LocalLeaseExpired(active.run_id) from exc
 
@@ -482,23 +490,9 @@ class Writes:
                             extra={"run_id": c.run_id, "key": key},
                         )
                         return
-                    delay = again.next()
-                    log.log(
-                        again.level,
-                        "release_call failed: %s; the end of the send (%s) is kept and "
-                        "sent again in %.1f s",
-                        describe(exc),
-                        ended["ended"],
-                        delay,
-                        extra={
-                            "run_id": c.run_id,
-                            "key": key,
-                            "fencing_token": c.fencing_token,
-                            "failures": again.failures,
-                            "retry_in": round(delay, 3),
-                        },
-                    )
-                    await asyncio.sleep(delay)
+                    fields = {"run_id": c.run_id, "key": key, "fencing_token": c.fencing_token}
+                    kept = f"the end of the send ({ended['ended']})"
+                    await again.pause("release_call", exc, kept, fields, RELEASE_AGAIN_MAX)
         finally:
             if task is not None and self._releasing.get(call) is task:
                 del self._releasing[call]
