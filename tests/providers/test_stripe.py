@@ -345,7 +345,13 @@ def test_no_lookup_says_not_found_while_a_send_may_still_land(fake: FakeStripe) 
     found: list[Any] = []
     asking = threading.Thread(target=lambda: found.append(lookup(flow, PI_TOOL, ctx)))
     asking.start()
-    wait_for(lambda: fake.requests(None, status=200), timeout=20, what="the lookup's first read")
+    # both reads found nothing (Search, then the list): the lookup waits out the landing
+    # bound now; the request lands during that wait, not between the two reads
+    wait_for(
+        lambda: len([r for r in fake.requests(None, status=200) if r["method"] == "GET"]) >= 2,
+        timeout=20,
+        what="the lookup's two reads",
+    )
     held.release()  # the request lands while the lookup waits
     asking.join(30)
     [receipt] = found
